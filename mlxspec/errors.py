@@ -1,0 +1,5 @@
+"""The one exception type the CLI turns into a one-line message instead of a traceback."""
+
+
+class MlxspecError(Exception):
+    """A problem the user can fix: bad input, a missing model, an incompatible pair."""

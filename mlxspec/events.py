@@ -1,0 +1,69 @@
+"""What the engine emits. Every consumer (CLI printer, TUI, stats, sweep) reads these."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class Status(str, Enum):
+    ACCEPTED = "accepted"  # a draft token the target agreed with
+    REJECTED = "rejected"  # a draft token the target refused: not part of the output
+    CORRECTED = "corrected"  # the target's own token at the first rejection
+    BONUS = "bonus"  # the target's token after a fully accepted draft
+    PLAIN = "plain"  # a token from target-only decoding
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    status: Status
+
+    @property
+    def emitted(self) -> bool:
+        return self.status is not Status.REJECTED
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decoding step: K drafted, ``accepted`` of them kept, then one target token.
+    Target-only decoding is a step with k=0 and one plain token."""
+
+    tokens: list[Token]
+    k: int
+    accepted: int
+    draft_ms: float
+    verify_ms: float
+
+    @property
+    def emitted(self) -> list[int]:
+        return [t.id for t in self.tokens if t.emitted]
+
+
+@dataclass(frozen=True)
+class Done:
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_s: float
+    decode_s: float
+    stop_reason: str  # "eos" | "length" | "context"
+    steps: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        # The first token comes out of prefill, so decode time covers the rest.
+        n = self.generated_tokens - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(prefill_tps=self.prefill_tps, decode_tps=self.decode_tps)
+        return d
+
+
+Event = Step | Done

