@@ -223,6 +223,7 @@ def resolve(spec: str) -> tuple[str, Path]:
 
 
 def load(spec: str = "default", dtype: str = "auto") -> LoadedModel:
+    dtype = resolve_dtype(dtype)
     name, path = resolve(spec)
     if path.is_dir():
         model, tok, ctx = load_folder(path, dtype)
@@ -230,7 +231,7 @@ def load(spec: str = "default", dtype: str = "auto") -> LoadedModel:
         model, tok, ctx = load_gguf(path, dtype)
     else:
         raise MlxspecError(f"{path}: unknown model format (expected .gguf or an mlx-lm folder)")
-    return LoadedModel(model, tok, name, path, resolve_dtype(dtype), ctx)
+    return LoadedModel(model, tok, name, path, dtype, ctx)
 
 
 def to_mlx_lm(model: Llama):
