@@ -45,7 +45,6 @@ FALLBACK_PROMPTS: tuple[str, ...] = (
 )
 
 BANDWIDTH_BYTES = 256 * 1024 * 1024  # copied when measuring bandwidth, far above any cache
-BANDWIDTH_CHUNK = 8 * 1024 * 1024  # per array (see measure_bandwidth)
 IMPLEMENTATIONS = ("mlxspec", "mlx_lm")
 LABELS = {"mlxspec": "mlxspec generate_plain", "mlx_lm": "mlx-lm stream_generate"}
 
@@ -84,32 +83,33 @@ def default_prompts() -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- bandwidth
 
 
-def measure_bandwidth(nbytes: int = BANDWIDTH_BYTES, runs: int = 9, warmup: int = 3,
-                      chunk_bytes: int = BANDWIDTH_CHUNK) -> float:
+def measure_bandwidth(nbytes: int = BANDWIDTH_BYTES, runs: int = 9, warmup: int = 2) -> float:
     """Copy bandwidth MLX reaches on the default device, GB/s (1e9 bytes/s).
 
-    ``c + 1`` over ``nbytes`` of float32 reads and writes every byte once (2x bytes counted),
-    median of ``runs`` after ``warmup``. The array is cut into ``chunk_bytes`` pieces evaluated
-    together: one 256 MB result is a fresh mapping every time on Linux (65536 page faults per
-    run), which measures the kernel zeroing pages (about 4 GB/s here), not memory; 8 MiB results
-    come back from the allocator's cache. The total stays far above any last-level cache, so
-    the data still streams from DRAM.
+    ``a + 1`` over a float32 array of ``nbytes`` reads and writes every byte once (2x bytes
+    counted); median of ``runs`` after ``warmup``. The allocator's cache limit is raised for the
+    duration: MLX on Linux CPU keeps only 32 MB of freed buffers by default, so each 256 MB
+    result would be a fresh mapping (65536 page faults a run) and the number would measure the
+    kernel zeroing pages (about 4 GB/s here) instead of memory (about 30 GB/s).
     """
     n = max(1, nbytes // 4)
-    per = max(1, min(n, chunk_bytes // 4))
-    chunks = [mx.arange(i, min(n, i + per), dtype=mx.float32) for i in range(0, n, per)]
-    mx.eval(chunks)
-    times = []
-    for i in range(warmup + runs):
-        t0 = time.perf_counter()
-        out = [c + 1.0 for c in chunks]
-        mx.eval(out)
-        dt = time.perf_counter() - t0
-        del out
-        if i >= warmup:
-            times.append(dt)
-    del chunks
-    mx.clear_cache()
+    old_limit = mx.set_cache_limit(max(mx.get_cache_memory() + 4 * n * 4, 1 << 30))
+    try:
+        a = mx.arange(n, dtype=mx.float32)
+        mx.eval(a)
+        times = []
+        for i in range(warmup + runs):
+            t0 = time.perf_counter()
+            b = a + 1.0
+            mx.eval(b)
+            dt = time.perf_counter() - t0
+            del b
+            if i >= warmup:
+                times.append(dt)
+        del a
+    finally:
+        mx.set_cache_limit(old_limit)
+        mx.clear_cache()
     return 2 * n * 4 / statistics.median(times) / 1e9
 
 

@@ -11,21 +11,23 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from .drafters import Drafter, parse_k
 from .errors import MlxspecError
 from .events import Done, Event, Status, Step, Token
 from .model import Llama
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, probs, sample
+from .verify import greedy_verify, rejection_verify
 
 PREFILL_CHUNK = 512
 
 
-def prefill(model: Llama, cache: list, tokens: list[int]) -> mx.array:
+def prefill(model: Llama, cache: list, tokens: list[int], num_layers: int | None = None) -> mx.array:
     """Run the prompt through ``model`` in chunks; return the logits of the last position."""
     for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
-        model(mx.array([tokens[start : start + PREFILL_CHUNK]]), cache)
+        model(mx.array([tokens[start : start + PREFILL_CHUNK]]), cache, num_layers=num_layers)
         mx.eval([c.state for c in cache])
     tail = len(tokens) - (len(tokens) - 1) % PREFILL_CHUNK - 1
-    return model(mx.array([tokens[tail:]]), cache)[0, -1]
+    return model(mx.array([tokens[tail:]]), cache, num_layers=num_layers)[0, -1]
 
 
 def _check(prompt: list[int], max_tokens: int, context: int) -> None:
@@ -78,3 +80,100 @@ def generate_plain(
         y = nxt
     end = time.perf_counter()
     yield Done(len(prompt), n, prefill_s=t_first - t0, decode_s=end - t_first, stop_reason=reason, steps=n)
+
+
+def _pad_vocab(q: mx.array | None, vocab: int) -> mx.array | None:
+    """Draft and target may pad their embedding tables differently; tokens beyond the
+    smaller table have probability 0 there."""
+    if q is None or q.shape[-1] == vocab:
+        return q
+    if q.shape[-1] > vocab:
+        return q[:, :vocab]
+    return mx.concatenate([q, mx.zeros((q.shape[0], vocab - q.shape[-1]), q.dtype)], axis=-1)
+
+
+def generate(
+    model: Llama,
+    prompt: list[int],
+    params: SamplingParams,
+    max_tokens: int,
+    stop_ids: set[int],
+    context: int,
+    seed: int = 0,
+    drafter: Drafter | None = None,
+    k: int = 4,
+) -> Iterator[Event]:
+    """Speculative decoding with ``drafter`` (target-only decoding without one).
+
+    Invariant: the target cache holds every committed token but the last, ``y``. A step feeds
+    [y, d_1..d_m] in one pass; row i of its logits judges d_{i+1} and row m gives the bonus.
+    """
+    if drafter is None:
+        yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed)
+        return
+    _check(prompt, max_tokens, context)
+    k = parse_k(k)
+    t0 = time.perf_counter()
+    cache = model.make_cache()
+    if len(prompt) > 1:
+        prefill(model, cache, prompt[:-1])
+        mx.eval([c.state for c in cache])
+    drafter.reset(prompt)
+    history, y = list(prompt), prompt[-1]
+    key = mx.random.key(seed)
+    limit = min(max_tokens, context - len(prompt))
+    reason = "length" if limit == max_tokens else "context"
+    emitted, steps, accepted_lengths = 0, 0, []
+    t_first = None
+
+    while emitted < limit:
+        key, draft_key, verify_key = mx.random.split(key, 3)
+        # Never draft past what may still be emitted: the verify pass adds one token itself.
+        room = min(k, limit - emitted - 1)
+
+        t_step = time.perf_counter()
+        draft, q = drafter.propose(history, room, params, draft_key)
+        mx.eval(draft, q)  # a sync of its own only so draft and verify time are reported apart
+        t_drafted = time.perf_counter()
+
+        logits = model(mx.concatenate([mx.array([y], mx.int32), draft])[None], cache)[0]
+        if params.greedy:
+            n_acc, nxt = greedy_verify(draft, logits)
+        else:
+            p = probs(logits, params)
+            n_acc, nxt = rejection_verify(draft, _pad_vocab(q, p.shape[-1]), p, verify_key)
+        mx.eval(n_acc, nxt)
+        t_verified = time.perf_counter()
+
+        drafted, n, y = draft.tolist(), n_acc.item(), nxt.item()
+        for c in cache:
+            c.trim(len(drafted) - n)
+        drafter.commit(drafted, n, y)
+        committed = drafted[:n] + [y]
+        history += committed
+        steps += 1
+        accepted_lengths.append(n)
+
+        status = [Status.ACCEPTED] * n + [Status.CORRECTED if n < len(drafted) else Status.BONUS]
+        tokens: list[Token] = []
+        stop = False
+        for tok, st in zip(committed, status):
+            if tok in stop_ids:
+                stop, reason = True, "eos"
+                break
+            tokens.append(Token(tok, st))
+            emitted += 1
+            if emitted == limit:
+                break
+        if n < len(drafted) and len(tokens) > n:  # show refused drafts just before the correction
+            tokens[n:n] = [Token(d, Status.REJECTED) for d in drafted[n:]]
+        if t_first is None:
+            t_first = t_verified
+        yield Step(tokens, k=len(drafted), accepted=n,
+                   draft_ms=(t_drafted - t_step) * 1e3, verify_ms=(t_verified - t_drafted) * 1e3)
+        if stop:
+            break
+
+    end = time.perf_counter()
+    yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),
+               stop_reason=reason, steps=steps, accepted_lengths=accepted_lengths)
