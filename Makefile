@@ -34,7 +34,7 @@ test: setup
 	$(PY) -m pytest -q
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not model"
+	$(PY) -m pytest -q -m "not model and not slow"
 
 bench: setup
 	$(MLXSPEC) bench --baseline --json out/bench-baseline.json

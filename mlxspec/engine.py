@@ -154,7 +154,8 @@ def generate(
         steps += 1
         accepted_lengths.append(n)
 
-        status = [Status.ACCEPTED] * n + [Status.CORRECTED if n < len(drafted) else Status.BONUS]
+        last = Status.PLAIN if not drafted else Status.CORRECTED if n < len(drafted) else Status.BONUS
+        status = [Status.ACCEPTED] * n + [last]
         tokens: list[Token] = []
         stop = False
         for tok, st in zip(committed, status):

@@ -66,3 +66,73 @@ def test_bad_max_tokens(lm, max_tokens):
 def test_prompt_longer_than_context(lm):
     with pytest.raises(MlxspecError, match="prompt is 40 tokens; the model's context is 16"):
         run(lm, list(range(100, 140)), context=16)
+
+
+# --- speculative decoding on the real model -------------------------------------------------
+
+from mlxspec.drafters import make_drafter  # noqa: E402
+from mlxspec.engine import generate  # noqa: E402
+
+PROMPTS = [
+    "What is the capital of France?",
+    "List the planets of the solar system.",
+    "Copy this list exactly, one item per line: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon.",
+    "Write a Python function that reverses a string.",
+]
+
+
+def spec_run(lm, prompt, drafter, k, max_tokens=32, params=SamplingParams(), stop=None, seed=0):
+    ids = encode_prompt(lm.tokenizer, prompt)
+    stop = set(lm.tokenizer.eos_token_ids) if stop is None else stop
+    events = list(generate(lm.model, ids, params, max_tokens, stop, lm.context_length, seed, drafter, k))
+    return [e for e in events if isinstance(e, Step)], events[-1]
+
+
+@pytest.mark.parametrize("spec, k", [("ngram:3", 1), ("ngram:3", 5), ("self:10", 3), ("ngram:2", 8)])
+def test_greedy_speculation_equals_target_only(lm, spec, k):
+    for prompt in PROMPTS:
+        plain, _ = run(lm, prompt, max_tokens=32)
+        steps, done = spec_run(lm, prompt, make_drafter(spec, lm), k)
+        out = [t for s in steps for t in s.emitted]
+        assert out == [t.id for t in plain], prompt
+        assert done.generated_tokens == len(out)
+
+
+def test_events_tell_the_whole_story(lm):
+    steps, done = spec_run(lm, PROMPTS[2], make_drafter("ngram:3", lm), 4, max_tokens=40)
+    assert done.steps == len(steps) and done.accepted_lengths == [s.accepted for s in steps]
+    assert any(s.accepted > 0 for s in steps), "the repeat prompt should accept some drafts"
+    for s in steps[:-1]:  # the last step may be cut by the token limit
+        st = [t.status for t in s.tokens]
+        assert st[: s.accepted] == [Status.ACCEPTED] * s.accepted
+        if s.accepted == s.k:
+            assert st[-1] is Status.BONUS and len(st) == s.k + 1
+        else:
+            assert st[s.accepted : s.k] == [Status.REJECTED] * (s.k - s.accepted)
+            assert st[-1] is Status.CORRECTED
+        assert s.draft_ms >= 0 and s.verify_ms > 0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 7, 11, 18])
+def test_max_tokens_exact_inside_an_accepted_run(lm, max_tokens):
+    plain, _ = run(lm, PROMPTS[2], max_tokens=max_tokens)
+    steps, done = spec_run(lm, PROMPTS[2], make_drafter("ngram:3", lm), 6, max_tokens=max_tokens)
+    assert [t for s in steps for t in s.emitted] == [t.id for t in plain]
+    assert done.generated_tokens == max_tokens and done.stop_reason == "length"
+
+
+def test_stop_token_inside_an_accepted_run(lm):
+    plain, _ = run(lm, PROMPTS[2], max_tokens=60)
+    ids = [t.id for t in plain]
+    stop_tok = ids[len(ids) // 2]  # some token well inside the answer
+    cut = ids[: ids.index(stop_tok)]
+    steps, done = spec_run(lm, PROMPTS[2], make_drafter("ngram:3", lm), 6, max_tokens=60, stop={stop_tok})
+    assert [t for s in steps for t in s.emitted] == cut and done.stop_reason == "eos"
+
+
+def test_sampling_with_a_draft_is_seeded(lm):
+    p = SamplingParams(temperature=1.0)
+    d = make_drafter("self:6", lm)
+    a = [t for s in spec_run(lm, PROMPTS[0], d, 3, 16, p, seed=3)[0] for t in s.emitted]
+    b = [t for s in spec_run(lm, PROMPTS[0], d, 3, 16, p, seed=3)[0] for t in s.emitted]
+    assert a == b and len(a) > 0

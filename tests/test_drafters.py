@@ -1,0 +1,126 @@
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlx_lm.models.cache import RotatingKVCache
+
+from mlxspec.drafters import ModelDrafter, NgramDrafter, make_drafter, parse_k
+from mlxspec.engine import prefill
+from mlxspec.errors import MlxspecError
+from mlxspec.model import Llama, LlamaConfig
+from mlxspec.sampling import SamplingParams
+
+CFG = LlamaConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    mx.random.seed(1)
+    m = Llama(CFG)
+    mx.eval(m.parameters())
+    return m
+
+
+def fresh_logits(model, tokens, num_layers=None):
+    return prefill(model, model.make_cache(), tokens, num_layers=num_layers)
+
+
+def test_ngram_proposes_what_followed_the_last_match():
+    d = NgramDrafter(3)
+    hist = [5, 6, 7, 8, 9, 1, 5, 6, 7]
+    assert d.propose(hist, 4, GREEDY, None)[0].tolist() == [8, 9, 1, 5]
+    assert d.propose(hist, 2, GREEDY, None)[0].tolist() == [8, 9]
+
+
+def test_ngram_prefers_the_latest_match_and_backs_off_to_shorter_ngrams():
+    d = NgramDrafter(3)
+    assert d.propose([1, 2, 3, 1, 2, 4, 9, 2], 2, GREEDY, None)[0].tolist() == [4, 9]  # bigram miss, unigram "2"
+    assert d.propose([1, 2, 3, 1, 2, 4, 9, 1, 2], 1, GREEDY, None)[0].tolist() == [4]
+
+
+def test_ngram_without_a_match_proposes_nothing():
+    draft, q = NgramDrafter(2).propose([1, 2, 3, 4], 3, GREEDY, None)
+    assert draft.size == 0 and q is None
+
+
+# The rollback property: whatever the target accepts, the draft's cache plus its pending
+# tokens must give the same next logits as a fresh prefill of everything committed.
+@settings(max_examples=40, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, CFG.vocab_size - 1), min_size=1, max_size=12),
+    rounds=st.lists(st.tuples(st.integers(1, 6), st.floats(0, 1), st.integers(0, CFG.vocab_size - 1)), min_size=1, max_size=4),
+    layers=st.sampled_from([None, 1]),
+)
+def test_draft_cache_rollback_matches_fresh_prefill(tiny, prompt, rounds, layers):
+    d = ModelDrafter(tiny, "tiny", num_layers=layers)
+    d.reset(prompt)
+    history = list(prompt)
+    key = mx.random.key(0)
+    for k, frac, nxt in rounds:
+        draft, _ = d.propose(history, k, GREEDY, key)
+        drafted = draft.tolist()
+        n = round(frac * k)  # any accept pattern 0..k, not only what the target would choose
+        d.commit(drafted, n, nxt)
+        history += drafted[:n] + [nxt]
+        # next draft logits from the rolled-back cache == fresh prefill of the history
+        ours = d._forward(mx.array(d.pending))
+        d.pending = []  # consumed by the probe above: the cache now holds the whole history
+        ref = fresh_logits(tiny, history, num_layers=layers)
+        np.testing.assert_allclose(np.array(ours), np.array(ref), rtol=1e-4, atol=1e-4)
+        d.pending = [history[-1]]
+        for c in d.cache:
+            c.trim(1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, CFG.vocab_size - 1), min_size=2, max_size=10),
+    steps=st.lists(st.tuples(st.lists(st.integers(0, CFG.vocab_size - 1), max_size=6), st.floats(0, 1), st.integers(0, CFG.vocab_size - 1)), min_size=1, max_size=4),
+)
+def test_target_cache_rollback_matches_fresh_prefill(tiny, prompt, steps):
+    """The engine's target-side move: feed [y, drafts], keep y + the first n, then continue."""
+    cache = tiny.make_cache()
+    prefill(tiny, cache, prompt[:-1])
+    history, y = list(prompt), prompt[-1]
+    for drafted, frac, nxt in steps:
+        n = round(frac * len(drafted))
+        tiny(mx.array([[y] + drafted]), cache)
+        for c in cache:
+            c.trim(len(drafted) - n)
+        history += drafted[:n] + [nxt]
+        y = nxt
+        assert cache[0].offset == len(history) - 1
+    probe = tiny(mx.array([[y]]), cache)[0, -1]
+    np.testing.assert_allclose(np.array(probe), np.array(fresh_logits(tiny, history)), rtol=1e-4, atol=1e-4)
+
+
+def test_non_trimmable_draft_cache_is_refused(tiny):
+    class Rotating(Llama):
+        def make_cache(self):
+            return [RotatingKVCache(max_size=4) for _ in self.layers]
+
+    m = Rotating(CFG)
+    with pytest.raises(MlxspecError, match="cannot be rolled back"):
+        ModelDrafter(m, "rot").reset([1, 2, 3])
+
+
+@pytest.mark.parametrize("k", [0, -1, 65, 1000])
+def test_bad_k(k):
+    with pytest.raises(MlxspecError, match=r"--k must be in 1\.\.64"):
+        parse_k(k)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [("ngram:x", "expected ngram:N"), ("ngram:0", "ngram size must be in 1..16"),
+     ("self:0", r"self:L needs 1 <= L < 30"), ("self:30", r"self:L needs 1 <= L < 30"), ("self:abc", "self:L needs")],
+)
+def test_bad_drafter_specs(spec, message):
+    class Target:  # only the layer count matters for these checks
+        class config:
+            num_layers = 30
+
+    with pytest.raises(MlxspecError, match=message):
+        make_drafter(spec, Target())
