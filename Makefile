@@ -1,8 +1,8 @@
-# Fresh machine: `make run` (set up, then generate on the default model) or `make test`.
+# Fresh machine: `make run` (set up, then speculative generation on the default model) or `make test`.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 MLXSPEC := $(VENV)/bin/mlxspec
-PROMPT ?= Explain speculative decoding in two sentences.
+PROMPT ?= Write a short Python function that checks whether a number is prime, then explain it.
 
 .PHONY: setup system-deps venv model run test test-fast bench clean
 
@@ -28,7 +28,7 @@ model: venv
 	$(MLXSPEC) models pull
 
 run: setup
-	$(MLXSPEC) generate "$(PROMPT)" --max-tokens 128
+	$(MLXSPEC) generate "$(PROMPT)" --max-tokens 128 --draft ngram:3 --k 4
 
 test: setup
 	$(PY) -m pytest -q

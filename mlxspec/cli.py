@@ -130,6 +130,7 @@ def generate(
                 out.write(json.dumps(summary) + "\n")
             else:
                 out.write(tail + "\n")
+                out.flush()
                 line = (f"{ev.prompt_tokens} prompt tokens, {ev.prefill_tps:.1f} tok/s prefill; "
                         f"{ev.generated_tokens} generated, {ev.decode_tps:.1f} tok/s decode; stop: {ev.stop_reason}")
                 if drafter is not None and ev.steps:
