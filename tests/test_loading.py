@@ -1,5 +1,7 @@
 """Bad model input gets a one-line MlxspecError naming the fix, never a traceback."""
 
+import re
+
 import mlx.core as mx
 import pytest
 
@@ -55,3 +57,53 @@ def test_unsupported_mlx_lm_type(tmp_path):
 def test_unknown_dtype_is_rejected_before_loading():
     with pytest.raises(MlxspecError, match="unknown dtype"):
         loading.load("default", dtype="fp8")
+
+
+@pytest.fixture(scope="module")
+def gguf_meta():
+    _, meta = mx.load(str(store.entry(store.default_target()).path), return_metadata=True)
+    return meta
+
+
+@pytest.mark.model
+def test_same_tokenizer_is_compatible(gguf_meta):
+    from mlxspec.tokenizer import tokenizer_from_gguf
+
+    loading.check_compatible(tokenizer_from_gguf(gguf_meta), tokenizer_from_gguf(gguf_meta))
+
+
+@pytest.mark.model
+def test_incompatible_tokenizer_names_the_first_differing_token(gguf_meta):
+    from mlxspec.tokenizer import tokenizer_from_gguf
+
+    tokens = list(gguf_meta["tokenizer.ggml.tokens"])
+    tokens[1000], tokens[1001] = tokens[1001], tokens[1000]
+    other = tokenizer_from_gguf({**gguf_meta, "tokenizer.ggml.tokens": tokens})
+    first = re.escape(repr(gguf_meta["tokenizer.ggml.tokens"][1000]))
+    with pytest.raises(MlxspecError, match=rf"tokenizers differ at id 1000: target {first}, draft '.+'"):
+        loading.check_compatible(tokenizer_from_gguf(gguf_meta), other)
+
+
+@pytest.mark.model
+def test_cli_rejects_an_incompatible_draft(gguf_meta, lm, tmp_path):
+    """A real draft folder whose tokenizer differs: one line, naming the token."""
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+    from mlxspec.tokenizer import tokenizer_from_gguf
+
+    tokens = list(gguf_meta["tokenizer.ggml.tokens"])
+    tokens[5], tokens[6] = tokens[6], tokens[5]
+    other = tokenizer_from_gguf({**gguf_meta, "tokenizer.ggml.tokens": tokens})
+    folder = loading.export_folder(lm.model, other, tmp_path / "draft")
+    r = CliRunner().invoke(app, ["generate", "hi", "--draft", str(folder), "-n", "2"])
+    assert r.exit_code == 2 and "tokenizers differ at id 5" in r.output and "Traceback" not in r.output
+
+
+def test_padded_draft_vocabulary_is_aligned_to_the_target():
+    from mlxspec.engine import _pad_vocab
+
+    q = mx.array([[0.5, 0.5, 0.0]])
+    assert _pad_vocab(q, 5).tolist() == [[0.5, 0.5, 0.0, 0.0, 0.0]]
+    assert _pad_vocab(q, 2).tolist() == [[0.5, 0.5]]
+    assert _pad_vocab(None, 4) is None
