@@ -57,6 +57,8 @@ def generate_plain(
     at_limit = "length" if limit == max_tokens else "context"
 
     def step(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+        if params.greedy:  # no randomness: skip the key split and its evaluation
+            return sample(logits, params, None), key
         key, sub = mx.random.split(key)
         return sample(logits, params, sub), key
 
