@@ -229,7 +229,7 @@ def bench(
         else:
             parse_k(k)
             result = b.spec_bench(model, draft, k, tuple(temps), categories, per_category, max_tokens,
-                                  warmup, repeats, mlx_lm, prompts_file, seed, progress)
+                                  warmup, repeats, mlx_lm, prompts_file, seed, progress, dtype=dtype)
     (b.print_baseline if baseline else b.print_spec)(result, console)
     _write_json(result, json_out)
 
