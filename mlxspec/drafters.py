@@ -93,20 +93,22 @@ class ModelDrafter:
 
 
 class NgramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = N..1) in
-    prompt + output and propose what followed it. Pays when the answer copies its input."""
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = N down to
+    ``min_n``) in prompt + output and propose what followed it. Pays when the answer copies
+    its input. Single-token matches are mostly noise and each wasted proposal costs a wider
+    verify pass, so by default a match needs two tokens (measured in BENCHMARKS.md)."""
 
-    def __init__(self, n: int = 3):
+    def __init__(self, n: int = 3, min_n: int | None = None):
         if not 1 <= n <= 16:
             raise MlxspecError(f"ngram size must be in 1..16, got {n}")
-        self.n, self.name = n, f"ngram:{n}"
+        self.n, self.min_n, self.name = n, min(2, n) if min_n is None else min_n, f"ngram:{n}"
 
     def reset(self, prompt):
         pass
 
     def propose(self, history, k, params, key):
         h = np.asarray(history, dtype=np.int64)
-        for n in range(min(self.n, len(h) - 1), 0, -1):
+        for n in range(min(self.n, len(h) - 1), self.min_n - 1, -1):
             windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
             hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
             if hits.size:

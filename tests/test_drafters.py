@@ -35,9 +35,15 @@ def test_ngram_proposes_what_followed_the_last_match():
 
 
 def test_ngram_prefers_the_latest_match_and_backs_off_to_shorter_ngrams():
-    d = NgramDrafter(3)
+    d = NgramDrafter(3, min_n=1)
     assert d.propose([1, 2, 3, 1, 2, 4, 9, 2], 2, GREEDY, None)[0].tolist() == [4, 9]  # bigram miss, unigram "2"
     assert d.propose([1, 2, 3, 1, 2, 4, 9, 1, 2], 1, GREEDY, None)[0].tolist() == [4]
+    assert d.propose([5, 1, 2, 7, 3, 1, 2], 2, GREEDY, None)[0].tolist() == [7, 3]  # trigram miss, bigram hit
+
+
+def test_ngram_needs_two_matching_tokens_by_default():
+    assert NgramDrafter(3).propose([1, 2, 3, 1, 2, 4, 9, 2], 2, GREEDY, None)[0].size == 0
+    assert NgramDrafter(1).propose([4, 8, 4], 1, GREEDY, None)[0].tolist() == [8]  # ngram:1 is unigram
 
 
 def test_ngram_without_a_match_proposes_nothing():
