@@ -277,6 +277,49 @@ def verify(
         raise typer.Exit(1)
 
 
+@app.command()
+@friendly
+def sweep(
+    ks: str = typer.Option("1..8", "--k", "-k", help="Draft lengths: a range (1..8), a list (1,2,4,8) or both (1..3,8)."),
+    model: str = ModelOpt,
+    draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter to sweep (see `generate --help`)."),
+    temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="Prompts from a file (one per line, or jsonl with 'turns')."),
+    per_category: int = typer.Option(1, help="Spec-Bench prompts per category (default prompt set)."),
+    categories: Optional[list[str]] = typer.Option(None, "--category", help="Spec-Bench categories (repeatable)."),
+    max_tokens: int = typer.Option(48, "--max-tokens", "-n", help="New tokens per prompt."),
+    warmup: int = typer.Option(1, help="Untimed warm-up runs."),
+    repeats: int = typer.Option(1, help="Timed repeats per K."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    dtype: str = DtypeOpt,
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
+    csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per K as CSV here."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: tokens/s and acceptance against K."),
+) -> None:
+    """Find the draft length K that is fastest in wall-clock time, and say why speculation
+    loses when it does (slow draft, serial verification, or low acceptance)."""
+    from . import sweep as sw
+    from .sampling import SamplingParams
+
+    k_list = sw.parse_ks(ks)
+    SamplingParams(temp, top_p)
+    with _progress() as bar:
+        task = bar.add_task("sweep", total=None)
+
+        def progress(i: int, total: int, label: str) -> None:
+            bar.update(task, completed=i, total=total, description=label)
+
+        result = sw.run_sweep(k_list, model, draft, temp, top_p, prompts_file, per_category, categories,
+                              max_tokens, warmup, repeats, seed, dtype, progress)
+    sw.print_sweep(result, Console())
+    _write_json(result, json_out)
+    if csv_out is not None:
+        err.print(f"[dim]wrote {sw.write_csv(result, csv_out)}[/]")
+    if plot_out is not None:
+        err.print(f"[dim]wrote {sw.plot_sweep(result, plot_out)}[/]")
+
+
 def main() -> None:
     app()
 

@@ -120,3 +120,23 @@ def test_generate_text_stream():
     r = invoke("generate", "What is the capital of France?", "-n", "20")
     assert r.exit_code == 0
     assert r.stdout.strip() == "The capital of France is Paris."
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["sweep", "--k", "0..3"], r"K must be in 1\.\.64"),
+        (["sweep", "--k", "8..1"], "8..1"),
+        (["sweep", "--top-p", "1.5"], r"top-p must be in \(0, 1\]"),
+        (["bench", "--k", "0"], r"--k must be in 1\.\.64"),
+        (["bench", "--max-tokens", "0"], "max-tokens must be > 0"),
+        (["verify", "--k", "100"], r"--k must be in 1\.\.64"),
+        (["verify", "--temp", "-1"], "temperature must be >= 0"),
+        (["generate", "hi", "--draft", "self:99"], r"self:L needs 1 <= L < 30"),
+        (["generate", "hi", "--draft", "ngram:x"], "expected ngram:N"),
+        (["generate", "hi", "--k", "0"], r"--k must be in 1\.\.64"),
+        (["generate", "hi", "--top-p", "0"], r"top-p must be in \(0, 1\]"),
+    ],
+)
+def test_bad_speculation_options(args, pattern):
+    one_line_error(invoke(*args), pattern)
