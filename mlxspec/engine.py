@@ -30,13 +30,16 @@ def prefill(model: Llama, cache: list, tokens: list[int], num_layers: int | None
     return model(mx.array([tokens[tail:]]), cache, num_layers=num_layers)[0, -1]
 
 
-def _check(prompt: list[int], max_tokens: int, context: int) -> None:
+def _token_budget(prompt: list[int], max_tokens: int, context: int) -> tuple[int, str]:
+    """How many tokens may be generated, and the stop reason once that many are."""
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     if not prompt:
         raise MlxspecError("the prompt is empty")
     if len(prompt) >= context:
         raise MlxspecError(f"prompt is {len(prompt)} tokens; the model's context is {context}")
+    limit = min(max_tokens, context - len(prompt))
+    return limit, "length" if limit == max_tokens else "context"
 
 
 def generate_plain(
@@ -50,11 +53,9 @@ def generate_plain(
 ) -> Iterator[Event]:
     """Target-only decoding. The next token is computed while the host handles the current one
     (``async_eval``), as mlx-lm does; the one extra step at the end is discarded."""
-    _check(prompt, max_tokens, context)
+    limit, at_limit = _token_budget(prompt, max_tokens, context)
     cache = model.make_cache()
     key = mx.random.key(seed)
-    limit = min(max_tokens, context - len(prompt))
-    at_limit = "length" if limit == max_tokens else "context"
 
     def step(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
         if params.greedy:  # no randomness: skip the key split and its evaluation
@@ -113,7 +114,7 @@ def generate(
     if drafter is None:
         yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed)
         return
-    _check(prompt, max_tokens, context)
+    limit, reason = _token_budget(prompt, max_tokens, context)
     k = parse_k(k)
     t0 = time.perf_counter()
     cache = model.make_cache()
@@ -123,8 +124,6 @@ def generate(
     drafter.reset(prompt)
     history, y = list(prompt), prompt[-1]
     key = mx.random.key(seed)
-    limit = min(max_tokens, context - len(prompt))
-    reason = "length" if limit == max_tokens else "context"
     emitted, steps, accepted_lengths = 0, 0, []
     t_first = None
 

@@ -105,7 +105,9 @@ def test_events_tell_the_whole_story(lm):
     for s in steps[:-1]:  # the last step may be cut by the token limit
         st = [t.status for t in s.tokens]
         assert st[: s.accepted] == [Status.ACCEPTED] * s.accepted
-        if s.accepted == s.k:
+        if s.k == 0:  # the drafter had nothing to propose: a plain target step
+            assert st == [Status.PLAIN]
+        elif s.accepted == s.k:
             assert st[-1] is Status.BONUS and len(st) == s.k + 1
         else:
             assert st[s.accepted : s.k] == [Status.REJECTED] * (s.k - s.accepted)
