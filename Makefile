@@ -1,10 +1,10 @@
-# Fresh machine: `make run` (set up, then speculative generation on the default model) or `make test`.
+# Fresh machine: `make run` (set up, then the live chat UI on the default model) or `make test`.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 MLXSPEC := $(VENV)/bin/mlxspec
 PROMPT ?= Write a short Python function that checks whether a number is prime, then explain it.
 
-.PHONY: setup system-deps venv model run test test-fast bench clean
+.PHONY: setup system-deps venv model run generate test test-fast bench clean
 
 setup: system-deps venv model
 
@@ -28,6 +28,10 @@ model: venv
 	$(MLXSPEC) models pull
 
 run: setup
+	$(MLXSPEC) chat --draft ngram:3 --k 4
+
+# The same engine without the UI: stream one answer to stdout.
+generate: setup
 	$(MLXSPEC) generate "$(PROMPT)" --max-tokens 128 --draft ngram:3 --k 4
 
 test: setup

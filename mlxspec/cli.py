@@ -191,6 +191,24 @@ def _write_json(result: dict, path: Optional[Path]) -> None:
 
 @app.command()
 @friendly
+def chat(
+    target: str = typer.Option("default", "--target", "-m", help="Registry name, .gguf file or mlx-lm folder."),
+    draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter: none, ngram[:N], self:L or a draft model path (cycle with a key)."),
+    k: int = KOpt,
+    temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
+    dtype: str = DtypeOpt,
+) -> None:
+    """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
+    correction, bonus, plain), with acceptance statistics and speed beside them."""
+    from tui.app import run_chat
+
+    run_chat(target, draft, k, temp, top_p, max_tokens, dtype)
+
+
+@app.command()
+@friendly
 def bench(
     baseline: bool = typer.Option(False, "--baseline", help="Target-only decode speed: mlxspec vs mlx-lm's stream_generate, and the memory-bandwidth floor."),
     model: str = ModelOpt,

@@ -1,0 +1,483 @@
+"""The chat UI (tui/): deterministic checks on a scripted event source, then a few short turns
+on the real default model (marked ``model``). Textual's ``run_test`` drives the app headless."""
+
+import asyncio
+import html
+import re
+import time
+from dataclasses import replace
+
+import mlxspec  # noqa: F401  (fast BLAS before mlx)
+
+import pytest
+from rich.style import Style
+from rich.text import Text
+
+from mlxspec.events import Status, Step
+from tui.app import ChatApp
+from tui.fake import SCRIPT, FakeSource
+from tui.messages import Piece, StepData, TurnResult
+from tui.source import K_MAX, ModelSource, Settings
+from tui.stats import Baseline, TurnStats
+from tui.widgets import Answer, ErrorMessage, Legend, Prompt, StatsPanel, status_style
+
+SIZE = (120, 40)
+
+
+# ----------------------------------------------------------------------------- helpers
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def wait_for(pilot, cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting for the app"
+        await pilot.pause(0.02)
+
+
+async def ready(pilot, app: ChatApp) -> None:
+    await wait_for(pilot, lambda: app.info is not None, timeout=120)
+
+
+async def ask(pilot, app: ChatApp, text: str) -> None:
+    app.query_one(Prompt).value = text
+    await pilot.press("enter")
+
+
+async def turn_done(pilot, app: ChatApp, timeout: float = 120.0) -> None:
+    await wait_for(pilot, lambda: app.running is None, timeout)
+    await pilot.pause()
+
+
+def spans(answer: Answer) -> list[tuple[str, Style]]:
+    text = answer.text
+    return [(text.plain[s.start : s.end], s.style) for s in text.spans]
+
+
+def expected_spans(pieces, show_rejected: bool = False, dark: bool = True) -> list[tuple[str, Style]]:
+    return [(p.text if p.emitted else p.text.replace("\n", "↵"), status_style(p.status, dark))
+            for p in pieces if p.text and (p.emitted or show_rejected)]
+
+
+def screen_lines(app: ChatApp) -> list[str]:
+    """The screen as text lines, read back from Textual's own SVG screenshot (each cell placed
+    by its x coordinate: the SVG leaves out runs of plain spaces)."""
+    svg = app.export_screenshot()
+    cells = [(float(x), float(y), float(w), html.unescape(body).replace("\xa0", " "))
+             for x, y, w, body in re.findall(
+                 r'<text[^>]* x="([\d.]+)" y="([\d.]+)" textLength="([\d.]+)"[^>]*>([^<]*)</text>', svg)
+             if body]
+    cw = min(w / len(t) for _, _, w, t in cells)
+    x0 = min(x for x, _, _, _ in cells)
+    rows: dict[float, dict[int, str]] = {}
+    for x, y, _, text in cells:
+        row = rows.setdefault(y, {})
+        for i, ch in enumerate(text):
+            row[round((x - x0) / cw) + i] = ch
+    return ["".join(row.get(c, " ") for c in range(max(row) + 1)).rstrip() for _, row in sorted(rows.items())]
+
+
+def screen_text(app: ChatApp) -> str:
+    return "\n".join(screen_lines(app))
+
+
+SCRIPT_PIECES = [Piece(text, status) for _, _, pieces in SCRIPT for text, status in pieces]
+
+
+def fake_app(**kw) -> tuple[ChatApp, FakeSource]:
+    settings = kw.pop("settings", Settings())
+    src = FakeSource(**kw)
+    return ChatApp(src, settings, clock=src.clock), src
+
+
+# ----------------------------------------------------------------------------- statistics
+def _step(k: int, accepted: int, t: float, emitted: int | None = None, draft_ms=2.0, verify_ms=100.0) -> StepData:
+    n = accepted + 1 if emitted is None else emitted
+    pieces = tuple([Piece("a", Status.ACCEPTED)] * accepted + [Piece("r", Status.REJECTED)] * (k - accepted)
+                   + [Piece("c", Status.CORRECTED if accepted < k else Status.BONUS)] * (n - accepted))
+    return StepData(pieces, k, accepted, draft_ms, verify_ms, t)
+
+
+def test_turn_stats():
+    s = TurnStats(started=0.0)
+    assert s.tps_now() is None and s.tps_turn() is None and s.acceptance_rate() is None
+    for i, (k, acc) in enumerate([(4, 4), (4, 0), (2, 1), (4, 2)]):
+        s.add(_step(k, acc, t=1.0 + i * 0.5))
+    assert s.tokens == 5 + 1 + 2 + 3
+    assert s.acceptance_rate() == pytest.approx(7 / 14)
+    assert s.accepted_per_step() == pytest.approx(7 / 4)
+    assert s.tokens_per_step() == pytest.approx(11 / 4)
+    # position 1: reached by all 4 steps, kept by 3; position 3: reached by 3, kept by 1
+    assert s.position_rates() == [(1, 0.75), (2, 0.5), (3, 1 / 3), (4, 1 / 3)]
+    assert s.length_histogram() == [(0, 1), (1, 1), (2, 1), (3, 0), (4, 1)]
+    assert s.tps_turn() == pytest.approx((11 - 5) / 1.5)  # tokens after the first step / time since
+    assert s.tps_now(window=2) == pytest.approx((2 + 3) / 1.0)
+    assert s.speedup(Baseline(250.0, "x")) == pytest.approx(s.tps_turn() / 4.0)
+    s.result = TurnResult("eos", "", decode_tps=3.0)
+    assert s.tps_turn() == 3.0  # the engine's own figure once the turn is done
+    assert s.median_verify_ms() is None  # not a target-only turn
+
+
+def test_target_only_turn_gives_a_baseline():
+    s = TurnStats(started=0.0)
+    for i, ms in enumerate([500.0, 100.0, 120.0, 110.0]):
+        s.add(_step(0, 0, t=float(i), verify_ms=ms))
+    assert s.target_only and s.median_verify_ms() == 110.0
+    assert s.acceptance_rate() is None and s.position_rates() == [] and s.length_histogram() == []
+
+
+def test_stream_text_appends_draw_what_a_full_redraw_draws():
+    from textual.app import App
+
+    from tui.stream import StreamText
+
+    chunks = ["Hello", " world", ", this is", " a long", "er\n\nparagraph", " with", " wrapping", " text that",
+              " keeps", " going.\n", "x" * 30, " end", "\n"]
+
+    class Two(App):
+        def compose(self):
+            yield StreamText()
+            yield StreamText()
+
+    async def go():
+        app = Two()
+        async with app.run_test(size=(24, 30)) as pilot:
+            streamed, whole = app.query(StreamText)
+            for chunk in chunks:
+                streamed.append(Text(chunk, style="red"))
+                await pilot.pause()
+            whole.set_text(Text("".join(chunks), style="red"))
+            await pilot.pause()
+            drawn = [[w.render_line(y).text.rstrip() for y in range(w.size.height)] for w in (streamed, whole)]
+            assert drawn[0] == drawn[1]
+            assert drawn[0][:4] == ["Hello world, this is a", "longer", "", "paragraph with wrapping"]
+            assert "x" * 24 in drawn[0] and drawn[0][-1] == ""
+
+    run(go())
+
+
+# ----------------------------------------------------------------------------- scripted source
+def test_chat_screen_with_scripted_events():
+    """Snapshot-style: a scripted turn, then the transcript's spans, the panel and the screen."""
+
+    async def go():
+        app, src = fake_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "What is speculative decoding?")
+            await turn_done(pilot, app)
+
+            answer = app.query_one(Answer)
+            assert answer.pieces == SCRIPT_PIECES  # one piece per engine token, in order
+            assert len(app.stats.steps) == len(SCRIPT)  # one message per verification step
+            assert spans(answer) == expected_spans(SCRIPT_PIECES)  # rejected drafts hidden by default
+            out = "".join(p.text for p in SCRIPT_PIECES if p.emitted)
+            assert answer.text.plain == out
+            assert app.history == [{"role": "user", "content": "What is speculative decoding?"},
+                                   {"role": "assistant", "content": out}]
+            assert src.requests[0][0] == app.history[:1]
+
+            # The statistics follow from the script: 22 tokens over 8 steps, 14 of 20 drafts kept.
+            s = app.stats
+            assert (s.tokens, len(s.steps), s.accepted, s.drafted) == (22, 8, 14, 20)
+            assert s.length_histogram() == [(0, 1), (1, 1), (2, 0), (3, 3), (4, 1)]
+
+            screen = screen_text(app)
+            lines = screen_lines(app)
+            assert "mlxspec chat" in lines[0] and "fake-target float32 + ngram:3 K=4" in lines[0]
+            assert "fake backend" in lines[0]
+            for needle in ["What is speculative decoding?", "Speculative decoding lets a small draft propose",
+                           "ngram:3 K=4 · T=0", "22 tokens", "stop: eos",
+                           "accepted  corrected  bonus  plain  rejected (hidden: ^r)",
+                           "speculation    on", "K              4", "acceptance     70%",
+                           "accepted/step  1.75", "tokens/step    2.75", "tok/s turn     20.9",
+                           "speedup        2.30x", "vs target-only 9.1 tok/s", "(measured at start-up)",
+                           "draft ms/step  1.8", "verify ms/step 136.2",
+                           "Accepted by draft position", "Accepted length per step",
+                           "^k K+", "^j K-", "^s spec", "^t temp", "^d drafter", "^r rejected",
+                           "esc stop", "^n new chat", "^q quit"]:
+                assert needle in screen, needle
+            assert " guess" not in screen  # a rejected draft, hidden
+            # Position bars: 83% 67% 67% 50%.
+            assert re.search(r"1 [█░]+\s+83%", screen) and re.search(r"4 [█░]+\s+50%", screen)
+            # Each status's colour is on the screen.
+            svg = app.export_screenshot()
+            for status in Status:
+                assert status_style(status, True).color.name in svg, status
+
+    run(go())
+
+
+def test_rejected_drafts_toggle_struck_through():
+    async def go():
+        app, _ = fake_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            answer = app.query_one(Answer)
+            await pilot.press("ctrl+r")
+            assert app.show_rejected
+            got = spans(answer)
+            assert got == expected_spans(SCRIPT_PIECES, show_rejected=True)
+            rejected = [(t, st) for t, st in got if st.strike]
+            assert [t for t, _ in rejected] == [p.text.replace("\n", "↵") for p in SCRIPT_PIECES
+                                               if p.status is Status.REJECTED]
+            assert "are↵ dropped" in answer.text.plain  # a refused line break stays inline
+            assert "rejected (shown)" in screen_text(app) and " guess" in screen_text(app)
+            await pilot.press("ctrl+r")
+            assert spans(answer) == expected_spans(SCRIPT_PIECES)
+
+    run(go())
+
+
+def test_light_theme_switches_palette():
+    async def go():
+        app, _ = fake_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            app.theme = "textual-light"
+            await pilot.pause()
+            assert spans(app.query_one(Answer)) == expected_spans(SCRIPT_PIECES, dark=False)
+
+    run(go())
+
+
+def test_keys_change_settings_for_the_next_turn():
+    async def go():
+        app, src = fake_app(settings=Settings(draft="ngram:3", k=4))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await pilot.press("ctrl+k", "ctrl+k")
+            assert app.settings.k == 6
+            await pilot.press("ctrl+j")
+            assert app.settings.k == 5
+            assert "K=5" in app.sub_title and "K              5" in screen_text(app)
+            app.settings = replace(app.settings, k=1)
+            await pilot.press("ctrl+j")
+            assert app.settings.k == 1  # clamped
+            app.settings = replace(app.settings, k=K_MAX)
+            await pilot.press("ctrl+k")
+            assert app.settings.k == K_MAX
+            app.settings = replace(app.settings, k=3)
+
+            await pilot.press("ctrl+s")
+            assert not app.settings.speculate and app.settings.drafter == "none"
+            assert "no draft" in app.sub_title and "speculation    off" in screen_text(app)
+            await pilot.press("ctrl+s")
+            assert app.settings.speculate and app.settings.drafter == "ngram:3"
+
+            await pilot.press("ctrl+t")
+            assert app.settings.temp == 0.3
+            await pilot.press("ctrl+d")
+            assert app.settings.draft == "self:8"
+            await pilot.press("ctrl+d", "ctrl+d")
+            assert app.settings.draft == "none" and app.settings.drafter == "none"
+            await pilot.press("ctrl+d")
+            assert app.settings.draft == "ngram:3" and app.settings.speculate
+
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            sent = src.requests[-1][1]
+            assert (sent.draft, sent.k, sent.temp, sent.speculate) == ("ngram:3", 3, 0.3, True)
+            assert app.query_one(Answer).border_title == "ngram:3 K=3 · T=0.3"
+            # The keys work while the prompt has focus and text in it; the text stays.
+            app.query_one(Prompt).value = "draft"
+            await pilot.press("ctrl+k", "ctrl+d")
+            assert app.query_one(Prompt).value == "draft" and app.settings.k == 4
+
+    run(go())
+
+
+def test_stop_keeps_the_partial_answer_then_chat_goes_on():
+    async def go():
+        app, src = fake_app(delay=0.15)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "first")
+            await wait_for(pilot, lambda: app.stats is not None and len(app.stats.steps) >= 2)
+            await pilot.press("escape")
+            await turn_done(pilot, app)
+            answer = app.query_one(Answer)
+            n = len(answer.pieces)
+            assert 0 < n < len(SCRIPT_PIECES)
+            assert answer.pieces == SCRIPT_PIECES[:n]
+            assert app.stats.result.stop_reason == "stopped" and "stop: stopped" in screen_text(app)
+            assert app.history[-1] == {"role": "assistant", "content": answer.output}
+            assert answer.output and answer.text.plain == answer.output
+
+            src.delay = 0.0
+            await ask(pilot, app, "second")
+            await turn_done(pilot, app)
+            assert src.requests[-1][0] == app.history[:3]  # the partial answer is history
+            assert len(app.query(Answer)) == 2
+
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert app.history == [] and len(app.query(Answer)) == 0 and "New chat." in screen_text(app)
+
+    run(go())
+
+
+def test_model_load_error_is_shown_and_the_app_survives():
+    async def go():
+        app, _ = fake_app(fail_load="model 'nope' not found: not a registry name")
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: len(app.query(ErrorMessage)) > 0)
+            await pilot.pause()
+            assert "Could not load the model: model 'nope' not found" in screen_text(app)
+            await ask(pilot, app, "hello?")
+            await pilot.press("ctrl+k")
+            assert app.settings.k == 5 and app.is_running and app.history == []
+
+    run(go())
+
+
+def test_turn_error_is_shown_and_the_app_survives():
+    async def go():
+        app, src = fake_app(fail_turn="prompt is 9000 tokens; the model's context is 8192")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "a very long question")
+            await turn_done(pilot, app)
+            assert "error: prompt is 9000 tokens; the model's context is 8192" in screen_text(app)
+            assert app.history == [] and len(app.query(Answer)) == 0
+            src.fail_turn = None
+            await ask(pilot, app, "a short one")
+            await turn_done(pilot, app)
+            assert app.stats.result.stop_reason == "eos" and len(app.history) == 2
+
+    run(go())
+
+
+def test_unexpected_worker_error_is_shown():
+    class Broken(FakeSource):
+        def events(self, messages, settings):
+            raise RuntimeError("boom")
+
+    async def go():
+        src = Broken()
+        app = ChatApp(src, clock=src.clock)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            assert "error: RuntimeError: boom" in screen_text(app) and app.is_running
+
+    run(go())
+
+
+# ----------------------------------------------------------------------------- real model
+class Recording:
+    """Wraps a source and keeps every engine event it produced."""
+
+    def __init__(self, inner):
+        self.inner, self.events_seen = inner, []
+
+    def load(self):
+        return self.inner.load()
+
+    def decoder(self):
+        return self.inner.decoder()
+
+    def events(self, messages, settings):
+        for ev in self.inner.events(messages, settings):
+            self.events_seen.append(ev)
+            yield ev
+
+
+@pytest.mark.model
+def test_chat_turn_on_the_real_model(lm):
+    from mlxspec.engine import generate
+    from mlxspec.sampling import SamplingParams
+    from mlxspec.tokenizer import encode_prompt
+
+    prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat."
+    settings = Settings(draft="ngram:3", k=4, max_tokens=12)
+
+    async def go():
+        src = Recording(ModelSource(loaded=lm, baseline_tokens=4))
+        app = ChatApp(src, settings)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            assert app.info.baseline_ms > 0 and app.baseline.source == "measured at start-up"
+            assert app.info.target in app.sub_title and app.info.backend in app.sub_title
+            await ask(pilot, app, prompt)
+            await turn_done(pilot, app)
+            answer = app.query_one(Answer)
+            return app, src, answer, spans(answer)
+
+    app, src, answer, shown = run(go())
+    steps = [e for e in src.events_seen if isinstance(e, Step)]
+    tokens = [t for s in steps for t in s.tokens]
+    assert len(app.stats.steps) == len(steps)  # one message per step
+    assert [p.status for p in answer.pieces] == [t.status for t in tokens]
+    tok = lm.tokenizer
+    emitted = [t.id for t in tokens if t.emitted]
+    assert len(emitted) == 12 or app.stats.result.stop_reason == "eos"
+    assert answer.output == tok.decode(emitted)
+    for piece, t in zip(answer.pieces, tokens):
+        if t.status is Status.REJECTED:
+            assert piece.text == tok.decode([t.id])
+    assert shown == expected_spans(answer.pieces)
+    assert {p.status for p in answer.pieces} & {Status.ACCEPTED, Status.CORRECTED, Status.BONUS}
+    # The same tokens as the engine run headless.
+    ids = encode_prompt(tok, [{"role": "user", "content": prompt}])
+    from mlxspec.drafters import make_drafter
+
+    direct = [t for e in generate(lm.model, ids, SamplingParams(), 12, set(tok.eos_token_ids), lm.context_length,
+                                  1, make_drafter("ngram:3", lm), 4) if isinstance(e, Step) for t in e.tokens]
+    assert [(t.id, t.status) for t in direct] == [(t.id, t.status) for t in tokens]
+
+
+@pytest.mark.model
+def test_keys_on_the_real_model_and_stop_keeps_partial_answer(lm):
+    """K and speculation keys change the next real turn; a key is handled within 100 ms while a
+    step runs; Esc stops mid-generation and keeps what was generated."""
+
+    async def go():
+        app = ChatApp(ModelSource(loaded=lm, baseline_tokens=0), Settings(draft="ngram:3", k=4, max_tokens=200))
+        latencies = []
+        original = app.action_change_k
+
+        def timed_change_k(delta: int) -> None:
+            latencies.append(time.perf_counter() - pressed)
+            original(delta)
+
+        app.action_change_k = timed_change_k
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "Write a long story about a dragon who learns to bake bread.")
+            await wait_for(pilot, lambda: app.stats is not None and len(app.stats.steps) >= 2, 60)
+            for _ in range(3):  # while a step is running in the worker
+                pressed = time.perf_counter()
+                await pilot.press("ctrl+k")
+                await pilot.pause(0.05)
+            assert app.settings.k == 7 and app.running is not None
+            pressed_stop = time.perf_counter()
+            await pilot.press("escape")
+            await turn_done(pilot, app, 30)
+            stop_s = time.perf_counter() - pressed_stop
+            answer = app.query_one(Answer)
+            assert app.stats.result.stop_reason == "stopped"
+            assert 0 < app.stats.tokens < 200 and answer.output and answer.text.plain == answer.output
+            assert app.history[-1] == {"role": "assistant", "content": answer.output}
+
+            # Speculation off: the next turn is target-only decoding (plain tokens, k=0 steps).
+            await pilot.press("ctrl+s")
+            app.settings = replace(app.settings, max_tokens=6)
+            await ask(pilot, app, "And a title for it?")
+            await turn_done(pilot, app)
+            plain = app.query(Answer).last()
+            assert plain.border_title.startswith("target only")
+            assert plain.pieces and all(p.status is Status.PLAIN for p in plain.pieces)
+            assert all(s.k == 0 for s in app.stats.steps)
+            assert app.baseline.source == "measured: last target-only turn"
+            return latencies, stop_s
+
+    latencies, stop_s = run(go())
+    print(f"key latency while generating: {[round(x * 1e3, 1) for x in latencies]} ms; stop took {stop_s:.2f} s")
+    assert max(latencies) < 0.1

@@ -1,0 +1,40 @@
+"""``python -m tui``: the chat UI without the ``mlxspec`` CLI (``--demo`` needs no model)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mlxspec.errors import MlxspecError
+
+from .app import ChatApp, run_chat
+from .source import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tui", description="mlxspec chat: speculative decoding, live.")
+    ap.add_argument("--target", default="default", help="registry name, .gguf file or mlx-lm folder")
+    ap.add_argument("--draft", default="ngram:3", help="none, ngram[:N], self:L or a draft model path")
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per step")
+    ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    ap.add_argument("--max-tokens", type=int, default=512, help="new tokens per answer")
+    ap.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16, quantized")
+    ap.add_argument("--demo", action="store_true", help="scripted fake events, no model (slowed down)")
+    a = ap.parse_args(argv)
+    try:
+        if a.demo:
+            from .fake import FakeSource
+
+            ChatApp(FakeSource(delay=0.3), Settings(a.draft, a.k, temp=a.temp, top_p=a.top_p),
+                    loading_label="the demo source").run()
+        else:
+            run_chat(a.target, a.draft, a.k, a.temp, a.top_p, a.max_tokens, a.dtype)
+    except MlxspecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

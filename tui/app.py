@@ -1,0 +1,354 @@
+"""``mlxspec chat``: a multi-turn chat that shows speculative decoding at work.
+
+One long-lived worker thread owns every model and all MLX state: it loads the models, then
+serves one turn request at a time from a queue, posting a ``StepGenerated`` message per
+verification step. The UI thread only renders those messages, so it stays responsive while a
+step runs (MLX releases the GIL while it computes).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.timer import Timer
+from textual.widgets import Footer, Header, Input
+from textual.worker import get_current_worker
+
+from mlxspec.errors import MlxspecError
+from mlxspec.events import Done, Step
+
+from .messages import (ModelFailed, ModelReady, StepData, StepGenerated, TurnEnded, TurnFailed, TurnResult,
+                       step_data)
+from .source import DRAFTERS, K_MAX, K_MIN, TEMPERATURES, ModelInfo, ModelSource, Settings, Source
+from .stats import Baseline, TurnStats
+from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, summary_line
+
+
+# Seconds from a step's arrival to drawing it. 0: on the next turn of the event loop, batched
+# with any step that arrived meanwhile. A delay would draw while the worker is back inside MLX
+# (GIL released), which might pay on a GPU; on the 2-core CPU machine measured, 0.02 s was
+# slower than 0 in 6 of 7 paired runs (drawing at once uses the core the worker's Python
+# bookkeeping leaves idle, instead of competing with the BLAS threads).
+RENDER_DELAY = 0.0
+STATS_INTERVAL = 0.5  # seconds between side-panel redraws while generating (each costs ~7 ms)
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    turn: int
+    messages: list[dict[str, str]]
+    settings: Settings
+    stop: threading.Event
+
+
+def _cycle(options: Sequence, current) -> object:
+    options = list(options)
+    return options[(options.index(current) + 1) % len(options)] if current in options else options[0]
+
+
+class ChatApp(App[None], inherit_bindings=False):
+    CSS_PATH = "chat.tcss"
+    TITLE = "mlxspec chat"
+    # Ctrl keys, so that they work while typing (the prompt gives up its own ^k and ^d).
+    # Not inheriting App's bindings keeps ^q at the end of the footer.
+    BINDINGS = [
+        Binding("ctrl+k", "change_k(1)", "K+"),
+        Binding("ctrl+j", "change_k(-1)", "K-"),
+        Binding("ctrl+s", "toggle_speculation", "spec"),
+        Binding("ctrl+t", "cycle_temperature", "temp"),
+        Binding("ctrl+d", "cycle_drafter", "drafter"),
+        Binding("ctrl+r", "toggle_rejected", "rejected"),
+        Binding("escape", "stop", "stop"),
+        Binding("ctrl+n", "new_chat", "new chat"),
+        Binding("ctrl+q", "quit", "quit", priority=True),
+        Binding("ctrl+c", "help_quit", show=False, system=True),
+    ]
+
+    settings: reactive[Settings] = reactive(Settings, init=False)
+    show_rejected: reactive[bool] = reactive(False, init=False)
+
+    def __init__(self, source: Source, settings: Settings = Settings(), *,
+                 drafters: Sequence[str] = DRAFTERS, temperatures: Sequence[float] = TEMPERATURES,
+                 clock: Callable[[], float] = time.perf_counter, loading_label: str = "the model") -> None:
+        super().__init__()
+        self.source, self.clock = source, clock
+        self.drafters = list(drafters) + ([settings.draft] if settings.draft not in drafters else [])
+        self.temperatures = sorted(set(temperatures) | {settings.temp})
+        self.set_reactive(ChatApp.settings, settings)
+        self.loading_label = loading_label
+        self.info: ModelInfo | None = None
+        self.baseline = Baseline()
+        self.history: list[dict[str, str]] = []
+        self.stats: TurnStats | None = None  # the turn on screen
+        self.answer: Answer | None = None
+        self.turn = 0  # number of the turn on screen
+        self.running: TurnRequest | None = None  # the turn the worker is serving
+        self._requests: queue.Queue[TurnRequest] = queue.Queue()
+        self._stats_shown = 0.0  # time.monotonic() of the last side-panel redraw
+        self._stats_timer: Timer | None = None
+        self._unshown: list[StepData] = []  # steps received, not drawn yet
+        self._show_timer: Timer | None = None
+        self.render_delay = RENDER_DELAY
+        self.worker_thread_id: int | None = None  # the OS thread that owns the models
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Vertical(id="chat"):
+                yield Transcript(id="transcript")
+                yield Legend(id="legend")
+                yield Prompt(placeholder="Ask something, Enter to send", id="prompt")
+            yield StatsPanel(self.settings, id="stats")
+        yield Footer()
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    def on_mount(self) -> None:
+        self.sub_title = f"loading {self.loading_label}…"
+        self.transcript.add_note(f"Loading {self.loading_label}…")
+        self.query_one(Input).focus()
+        self.run_model()
+
+    # ------------------------------------------------------------------ the worker
+    @work(thread=True, exclusive=True, name="model", exit_on_error=False)
+    def run_model(self) -> None:
+        """Owns the models: load them, then serve turns until the app exits."""
+        worker = get_current_worker()
+        self.worker_thread_id = threading.get_native_id()
+        try:
+            info = self.source.load()
+        except Exception as e:  # MlxspecError carries a user-facing message; show others too
+            self.post_message(ModelFailed(str(e) if isinstance(e, MlxspecError) else f"{type(e).__name__}: {e}"))
+            return
+        self.post_message(ModelReady(info))
+        try:
+            while not worker.is_cancelled:
+                try:
+                    request = self._requests.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                try:
+                    result = self._serve(request, worker)
+                except MlxspecError as e:
+                    self.post_message(TurnFailed(request.turn, str(e)))
+                except Exception as e:  # never a traceback: the app survives and says what broke
+                    self.post_message(TurnFailed(request.turn, f"{type(e).__name__}: {e}"))
+                else:
+                    self.post_message(TurnEnded(request.turn, result))
+        finally:
+            self.source.close()
+
+    def _serve(self, request: TurnRequest, worker) -> TurnResult:
+        decoder = self.source.decoder()
+        events = self.source.events(request.messages, request.settings)
+        for event in events:
+            if isinstance(event, Step):
+                self.post_message(StepGenerated(request.turn, step_data(event, decoder, self.clock())))
+                if request.stop.is_set() or worker.is_cancelled:
+                    getattr(events, "close", lambda: None)()
+                    return TurnResult("stopped", decoder.finish())
+            elif isinstance(event, Done):
+                return TurnResult(event.stop_reason, decoder.finish(), event.prompt_tokens,
+                                  event.generated_tokens, event.decode_tps)
+        return TurnResult("stopped", decoder.finish())
+
+    # ------------------------------------------------------------------ worker messages
+    def on_model_ready(self, message: ModelReady) -> None:
+        self.info = info = message.info
+        if info.baseline_ms:
+            self.baseline = Baseline(info.baseline_ms, "measured at start-up")
+        self._update_header()
+        self.transcript.add_note(f"Ready: {info.target} ({info.dtype}, context {info.context_length}) "
+                                 f"on {info.backend}. Type a question and press Enter.")
+        self._refresh_stats()
+
+    def on_model_failed(self, message: ModelFailed) -> None:
+        self.sub_title = "no model loaded"
+        self.transcript.add_error(f"Could not load the model: {message.error}")
+
+    def on_step_generated(self, message: StepGenerated) -> None:
+        if message.turn != self.turn or self.answer is None or self.stats is None:
+            return  # a turn the user has already cleared away
+        self.stats.add(message.step)
+        self._unshown.append(message.step)  # drawn by _show_steps, see RENDER_DELAY
+        if self._show_timer is None:
+            self._show_timer = self.set_timer(self.render_delay, self._show_steps)
+
+    def _show_steps(self) -> None:
+        if self._show_timer is not None:
+            self._show_timer.stop()
+            self._show_timer = None
+        steps, self._unshown = self._unshown, []
+        if steps and self.answer is not None:
+            self.answer.add(steps)
+            self._refresh_stats(throttle=True)
+
+    def on_turn_ended(self, message: TurnEnded) -> None:
+        self._worker_idle(message.turn)
+        if message.turn != self.turn or self.answer is None or self.stats is None:
+            return
+        self._show_steps()
+        result = self.stats.result = message.result
+        self.answer.finish(result.tail, summary_line(self.stats, result))
+        self.history.append({"role": "assistant", "content": self.answer.output})
+        if self.stats.target_only and (ms := self.stats.median_verify_ms()):
+            self.baseline = Baseline(ms, "measured: last target-only turn")
+        if result.stop_reason == "context":
+            self.transcript.add_error("The context is full: start a new chat with ^n.")
+        self._refresh_stats()
+
+    def on_turn_failed(self, message: TurnFailed) -> None:
+        self._worker_idle(message.turn)
+        if message.turn != self.turn:
+            return
+        if self.answer is not None and not self.answer.pieces:
+            self.answer.remove()
+        self.answer = None
+        if self.history and self.history[-1]["role"] == "user":
+            self.history.pop()  # so the next question does not carry the failed one
+        self.transcript.add_error(f"error: {message.error}")
+        self._refresh_stats()
+
+    def _worker_idle(self, turn: int) -> None:
+        if self.running is not None and self.running.turn == turn:
+            self.running = None
+
+    # ------------------------------------------------------------------ user input
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        if self.info is None:
+            self.notify("The model is not loaded.", severity="warning")
+            return
+        if self.running is not None:
+            self.notify("Still generating: press Esc to stop it first.", severity="warning")
+            return
+        event.input.clear()
+        self.history.append({"role": "user", "content": text})
+        self.turn += 1
+        settings = replace(self.settings, seed=self.settings.seed + self.turn)
+        self.transcript.add_user(text)
+        self.answer = self.transcript.add_answer(settings.label, self.show_rejected)
+        self.stats = TurnStats(started=self.clock(), k=settings.k if settings.drafter != "none" else 0)
+        self.running = TurnRequest(self.turn, list(self.history), settings, threading.Event())
+        self._requests.put(self.running)
+        self._refresh_stats()
+
+    def action_change_k(self, delta: int) -> None:
+        self.settings = replace(self.settings, k=max(K_MIN, min(K_MAX, self.settings.k + delta)))
+
+    def action_toggle_speculation(self) -> None:
+        s = self.settings
+        if not s.speculate and s.draft == "none":  # turning it on needs a drafter
+            s = replace(s, draft=next(d for d in self.drafters if d != "none"))
+        self.settings = replace(s, speculate=not s.speculate)
+
+    def action_cycle_temperature(self) -> None:
+        self.settings = replace(self.settings, temp=_cycle(self.temperatures, self.settings.temp))
+
+    def action_cycle_drafter(self) -> None:
+        draft = _cycle(self.drafters, self.settings.draft)
+        self.settings = replace(self.settings, draft=draft, speculate=draft != "none" or self.settings.speculate)
+
+    def action_toggle_rejected(self) -> None:
+        self.show_rejected = not self.show_rejected
+
+    def action_stop(self) -> None:
+        if self.running is not None:
+            self.running.stop.set()
+            self.notify("Stopping after this step…", timeout=2)
+
+    def action_new_chat(self) -> None:
+        if self.running is not None:
+            self.running.stop.set()
+        self.turn += 1  # whatever is still running belongs to no visible turn now
+        self._show_steps()
+        self.history.clear()
+        self.answer = self.stats = None
+        self.transcript.clear()
+        self.transcript.add_note("New chat.")
+        self._refresh_stats()
+
+    def watch_settings(self, settings: Settings) -> None:
+        self._update_header()
+        self._refresh_stats()
+
+    def watch_show_rejected(self, show: bool) -> None:
+        self.transcript.set_show_rejected(show)
+        self.query_one(Legend).set_show_rejected(show)
+
+    def wait_for_worker_exit(self, timeout: float = 2.0) -> None:
+        """Call after ``run()`` returns, before the process exits.
+
+        The worker thread has ended as far as Python knows, but the OS thread may still be
+        running MLX's thread-local destructors, which take the GIL; if the interpreter is
+        already finalising by then, the process aborts ("terminate called without an active
+        exception", exit status 134; MLX 0.32 on CPython 3.11, about one exit in three after a
+        turn). Wait until the thread is gone (Linux: /proc), or briefly elsewhere."""
+        if self.worker_thread_id is None:
+            return
+        tasks = Path("/proc/self/task")
+        if not tasks.is_dir():
+            time.sleep(0.2)
+            return
+        deadline = time.monotonic() + timeout
+        while (tasks / str(self.worker_thread_id)).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    # ------------------------------------------------------------------ helpers
+    def _update_header(self) -> None:
+        if self.info is None:
+            return
+        i, s = self.info, self.settings
+        draft = f"{s.drafter} K={s.k}" if s.drafter != "none" else "no draft"
+        self.sub_title = f"{i.target} {i.dtype} + {draft} │ {i.backend}"
+
+    def _refresh_stats(self, throttle: bool = False) -> None:
+        """Redraw the side panel; with ``throttle``, at most every STATS_INTERVAL seconds
+        (a redraw costs the UI thread a few ms of CPU the model could use)."""
+        if throttle:
+            wait = self._stats_shown + STATS_INTERVAL - time.monotonic()
+            if self._stats_timer is not None or wait > 0:
+                if self._stats_timer is None:
+                    self._stats_timer = self.set_timer(wait, self._refresh_stats)
+                return
+        if self._stats_timer is not None:
+            self._stats_timer.stop()
+            self._stats_timer = None
+        self._stats_shown = time.monotonic()
+        self.query_one(StatsPanel).show(self.stats, self.settings, self.baseline, self.running is not None)
+
+
+def run_chat(target: str = "default", draft: str = "ngram:3", k: int = 4, temp: float = 0.0,
+             top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto") -> None:
+    """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
+    starts; a model that fails to load is reported inside the UI."""
+    from mlxspec.drafters import parse_k
+    from mlxspec.runtime import DTYPES
+    from mlxspec.sampling import SamplingParams
+
+    parse_k(k)
+    SamplingParams(temp, top_p)
+    if dtype not in DTYPES:
+        raise MlxspecError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if max_tokens <= 0:
+        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=temp,
+                        top_p=top_p, max_tokens=max_tokens)
+    app = ChatApp(ModelSource(target, dtype), settings, loading_label=f"model {target!r}")
+    app.run()
+    app.wait_for_worker_exit()

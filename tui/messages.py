@@ -1,0 +1,86 @@
+"""What the model worker posts to the app: Textual messages carrying plain-Python dataclasses,
+one ``StepGenerated`` per verification step (never one per token)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from mlxspec.events import Status, Step
+
+from .source import ModelInfo, TextDecoder
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One token's text and how it came to be."""
+
+    text: str
+    status: Status
+
+    @property
+    def emitted(self) -> bool:
+        return self.status is not Status.REJECTED
+
+
+@dataclass(frozen=True)
+class StepData:
+    pieces: tuple[Piece, ...]  # one per engine token, rejected drafts included
+    k: int  # tokens drafted
+    accepted: int  # drafted tokens kept
+    draft_ms: float
+    verify_ms: float
+    t: float  # the app clock when the worker received the step
+
+    @property
+    def emitted(self) -> int:
+        return sum(p.emitted for p in self.pieces)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    stop_reason: str  # "eos" | "length" | "context" | "stopped"
+    tail: str  # text the streaming decoder still held at the end
+    prompt_tokens: int | None = None
+    generated_tokens: int | None = None
+    decode_tps: float | None = None  # the engine's own measurement (None when stopped)
+
+
+def step_data(step: Step, decoder: TextDecoder, t: float) -> StepData:
+    """Decode one engine step into text pieces (in the worker thread)."""
+    pieces = tuple(
+        Piece(decoder.alone(tok.id) if tok.status is Status.REJECTED else decoder.add(tok.id), tok.status)
+        for tok in step.tokens
+    )
+    return StepData(pieces, step.k, step.accepted, step.draft_ms, step.verify_ms, t)
+
+
+class ModelReady(Message):
+    def __init__(self, info: ModelInfo) -> None:
+        self.info = info
+        super().__init__()
+
+
+class ModelFailed(Message):
+    def __init__(self, error: str) -> None:
+        self.error = error
+        super().__init__()
+
+
+class StepGenerated(Message):
+    def __init__(self, turn: int, step: StepData) -> None:
+        self.turn, self.step = turn, step
+        super().__init__()
+
+
+class TurnEnded(Message):
+    def __init__(self, turn: int, result: TurnResult) -> None:
+        self.turn, self.result = turn, result
+        super().__init__()
+
+
+class TurnFailed(Message):
+    def __init__(self, turn: int, error: str) -> None:
+        self.turn, self.error = turn, error
+        super().__init__()

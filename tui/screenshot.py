@@ -1,0 +1,63 @@
+"""Make docs/chat.svg (and docs/chat.png with ``rsvg-convert``): one turn on the default model.
+
+    python -m tui.screenshot [--out docs/chat] [--demo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from .app import ChatApp
+from .source import ModelSource, Settings
+from .widgets import Prompt
+
+PROMPT = "Here is a Python function:\ndef add(a, b):\n    return a + b\nRewrite it with type hints."
+
+
+async def _shoot(app: ChatApp, svg: Path, size: tuple[int, int]) -> None:
+    async with app.run_test(size=size) as pilot:
+        while app.info is None:
+            await pilot.pause(0.1)
+        app.query_one(Prompt).value = PROMPT
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        while app.running is not None:
+            await pilot.pause(0.1)
+        await pilot.press("ctrl+r")  # rejected drafts shown, struck through
+        await pilot.pause(0.2)
+        svg.write_text(app.export_screenshot(title="mlxspec chat"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m tui.screenshot")
+    ap.add_argument("--out", default="docs/chat", help="path without extension")
+    ap.add_argument("--demo", action="store_true", help="the scripted fake source instead of the model")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if a.demo:
+        from .fake import FakeSource
+
+        src = FakeSource()
+        app = ChatApp(src, Settings(), clock=src.clock)
+    else:
+        app = ChatApp(ModelSource("default", baseline_tokens=8), Settings(draft="ngram:3", k=4, max_tokens=64))
+    svg = out.with_suffix(".svg")
+    asyncio.run(_shoot(app, svg, (120, 40)))
+    app.wait_for_worker_exit()
+    print(f"wrote {svg}")
+    if shutil.which("rsvg-convert"):
+        # rsvg collapses the SVG's leading non-breaking spaces unless told to preserve space.
+        fixed = re.sub(r"<svg ", '<svg xml:space="preserve" ', svg.read_text(), count=1)
+        png = out.with_suffix(".png")
+        subprocess.run(["rsvg-convert", "-o", str(png)], input=fixed.encode(), check=True)
+        print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()

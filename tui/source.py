@@ -1,0 +1,177 @@
+"""What the chat app needs from the models, behind one small protocol so that tests (and
+``python -m tui --demo``) can inject a deterministic fake.
+
+Every method of a ``Source`` is called from the app's model worker thread only: that thread
+owns all MLX state. Widgets never see a ``Source``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
+from mlxspec.drafters import MAX_K
+from mlxspec.events import Event, Step
+
+if TYPE_CHECKING:
+    from mlxspec.drafters import Drafter
+    from mlxspec.loading import LoadedModel
+
+# What the keys cycle through; a --draft / --temp from the command line is added if missing.
+DRAFTERS: tuple[str, ...] = ("none", "ngram:3", "self:8", "self:15")
+TEMPERATURES: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0)
+K_MIN, K_MAX = 1, MAX_K
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the next turn runs with. The keys change it; a running turn keeps its own."""
+
+    draft: str = "ngram:3"
+    k: int = 4
+    speculate: bool = True
+    temp: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int = 0
+
+    @property
+    def drafter(self) -> str:
+        """The drafter a turn actually uses: ``none`` while speculation is off."""
+        return self.draft if self.speculate else "none"
+
+    @property
+    def label(self) -> str:
+        spec = "target only" if self.drafter == "none" else f"{self.drafter} K={self.k}"
+        top_p = f" top-p={self.top_p:g}" if self.top_p < 1 else ""
+        return f"{spec} · T={self.temp:g}{top_p}"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    target: str
+    dtype: str
+    context_length: int
+    backend: str  # e.g. "MLX 0.29.1 on CPU (OpenBLAS, 2 cores)"
+    device: str  # "cpu" | "gpu"
+    baseline_ms: float | None  # target-only decode, ms per token, measured at start-up
+
+
+class TextDecoder(Protocol):
+    def add(self, token_id: int) -> str:
+        """The next piece of the output text (streaming: may be '' mid-character)."""
+
+    def alone(self, token_id: int) -> str:
+        """A token that is not part of the output (a rejected draft), decoded on its own."""
+
+    def finish(self) -> str:
+        """Whatever the streaming decoder still holds at the end of the turn."""
+
+
+class Source(Protocol):
+    def load(self) -> ModelInfo:
+        """Load the models (may raise ``MlxspecError``)."""
+
+    def decoder(self) -> TextDecoder:
+        """A fresh text decoder for one turn."""
+
+    def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
+        """The engine's events for the assistant's reply to ``messages``."""
+
+    def close(self) -> None:
+        """The worker is done with the models (the app is exiting)."""
+
+
+def _settle() -> None:
+    """Wait for MLX work still in flight. Target-only decoding ends with one step computed
+    ahead (``async_eval``) and never awaited; left running on a worker thread, it can hang or
+    abort the process at exit."""
+    import mlx.core as mx
+
+    mx.synchronize()
+
+
+class _StreamDecoder:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.detok = tokenizer.detokenizer
+        self.detok.reset()
+
+    def add(self, token_id: int) -> str:
+        self.detok.add_token(token_id)
+        return self.detok.last_segment
+
+    def alone(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def finish(self) -> str:
+        self.detok.finalize()
+        return self.detok.last_segment
+
+
+class ModelSource:
+    """The real models: ``loading.load(target)`` and the engine, drafters made on demand."""
+
+    def __init__(self, target: str = "default", dtype: str = "auto", *,
+                 loaded: LoadedModel | None = None, baseline_tokens: int = 8):
+        self.target, self.dtype = target, dtype
+        self.lm = loaded
+        self.baseline_tokens = baseline_tokens  # 0: do not measure
+        self._drafters: dict[str, Drafter | None] = {}
+
+    def load(self) -> ModelInfo:
+        from mlxspec import loading, runtime
+
+        if self.lm is None:
+            self.lm = loading.load(self.target, self.dtype)
+        return ModelInfo(self.lm.name, self.lm.dtype, self.lm.context_length,
+                         runtime.backend_description(), runtime.device_name(), self.measure_baseline())
+
+    def measure_baseline(self) -> float | None:
+        """Median ms per token of target-only decoding (a short greedy run, EOS ignored).
+        Also warms the model up."""
+        from mlxspec.engine import generate_plain
+        from mlxspec.sampling import SamplingParams
+        from mlxspec.tokenizer import encode_prompt
+
+        if self.baseline_tokens < 2:
+            return None
+        lm = self.lm
+        ids = encode_prompt(lm.tokenizer, "Hello! Who are you?")
+        steps = [e for e in generate_plain(lm.model, ids, SamplingParams(), self.baseline_tokens, set(),
+                                           lm.context_length) if isinstance(e, Step)]
+        _settle()
+        return statistics.median(s.verify_ms for s in steps[1:])
+
+    def close(self) -> None:
+        _settle()
+
+    def decoder(self) -> TextDecoder:
+        return _StreamDecoder(self.lm.tokenizer)
+
+    def drafter(self, spec: str) -> Drafter | None:
+        from mlxspec.drafters import make_drafter
+
+        if spec not in self._drafters:
+            self._drafters[spec] = make_drafter(spec, self.lm, self.dtype)
+        return self._drafters[spec]
+
+    def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
+        from mlxspec.engine import generate
+        from mlxspec.sampling import SamplingParams
+        from mlxspec.tokenizer import encode_prompt, stop_token_ids
+
+        lm = self.lm
+        params = SamplingParams(settings.temp, settings.top_p)
+        drafter = self.drafter(settings.drafter)
+        ids = encode_prompt(lm.tokenizer, messages)
+        events = generate(lm.model, ids, params, settings.max_tokens, stop_token_ids(lm.tokenizer),
+                          lm.context_length, settings.seed, drafter, settings.k)
+        try:
+            yield from events
+        finally:
+            events.close()
+            _settle()

@@ -1,0 +1,288 @@
+"""The chat screen's widgets. They render what the app hands them; none of them calls a model."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Input, Static
+
+from mlxspec.events import Status
+
+from .messages import Piece, StepData, TurnResult
+from .source import Settings
+from .stats import Baseline, TurnStats
+from .stream import StreamText
+
+# One palette per background. Mid-saturation hues (GitHub's dark / light "fg" scales) so each
+# stays readable on its own background; corrections are bold as well, so they do not depend on
+# telling red from green; rejected drafts are struck through.
+PALETTES: dict[bool, dict[Status, Style]] = {
+    True: {  # dark
+        Status.ACCEPTED: Style.parse("#3fb950"),
+        Status.CORRECTED: Style.parse("bold #f0883e"),
+        Status.BONUS: Style.parse("#58a6ff"),
+        Status.PLAIN: Style.parse("#e6edf3"),
+        Status.REJECTED: Style.parse("strike #f85149"),
+    },
+    False: {  # light
+        Status.ACCEPTED: Style.parse("#1a7f37"),
+        Status.CORRECTED: Style.parse("bold #bc4c00"),
+        Status.BONUS: Style.parse("#0550ae"),
+        Status.PLAIN: Style.parse("#1f2328"),
+        Status.REJECTED: Style.parse("strike #cf222e"),
+    },
+}
+LEGEND_ORDER = (Status.ACCEPTED, Status.CORRECTED, Status.BONUS, Status.PLAIN, Status.REJECTED)
+
+
+def status_style(status: Status, dark: bool = True) -> Style:
+    return PALETTES[dark][status]
+
+
+def update_in_place(widget: Static, content: Text) -> None:
+    """``Static.update`` without a layout pass unless the widget's height changes: a layout
+    pass re-arranges and repaints the whole screen, several ms of the UI thread each time."""
+    widget.update(content, layout=False)
+    width, height = widget.content_size
+    if not width or widget.visual.get_height(widget.styles, width) != height:
+        widget.refresh(layout=True)
+
+
+class Themed:
+    """Mixin: re-render when the app switches between dark and light themes."""
+
+    @property
+    def dark(self) -> bool:
+        return self.app.current_theme.dark
+
+    def on_mount(self) -> None:
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.rerender())
+        self.rerender()
+
+    def rerender(self) -> None:
+        raise NotImplementedError
+
+
+class Prompt(Input, inherit_bindings=False):
+    """The question box. It leaves ^k and ^d (Input's delete-to-end / delete-right) to the
+    app's K+ and drafter keys; the Delete key still deletes."""
+
+    BINDINGS = [
+        b for b in Input.BINDINGS if not (isinstance(b, Binding) and b.key in ("ctrl+k", "delete,ctrl+d"))
+    ] + [Binding("delete", "delete_right", "Delete character right", show=False)]
+
+
+class UserMessage(Static):
+    pass
+
+
+class Note(Static):
+    pass
+
+
+class ErrorMessage(Static):
+    pass
+
+
+class Answer(Themed, Vertical):
+    """The assistant's reply: one span per token, styled by its status."""
+
+    def __init__(self, label: str, show_rejected: bool = False) -> None:
+        super().__init__()
+        self.border_title = label
+        self.pieces: list[Piece] = []
+        self.show_rejected = show_rejected
+        self.body = StreamText()
+
+    def compose(self) -> ComposeResult:
+        yield self.body
+
+    @property
+    def output(self) -> str:
+        """The reply as the conversation history keeps it (rejected drafts left out)."""
+        return "".join(p.text for p in self.pieces if p.emitted)
+
+    @property
+    def text(self) -> Text:
+        """The whole reply as shown: one span per visible token."""
+        return self._render_pieces(self.pieces)
+
+    def _render_pieces(self, pieces: list[Piece] | tuple[Piece, ...]) -> Text:
+        text, dark = Text(), self.dark
+        for piece in pieces:
+            if not piece.text:
+                continue
+            if piece.emitted:
+                text.append(piece.text, status_style(piece.status, dark))
+            elif self.show_rejected:  # inline: a refused line break must not break the line
+                text.append(piece.text.replace("\n", "↵"), status_style(piece.status, dark))
+        return text
+
+    def add(self, steps: list[StepData]) -> None:
+        new = [piece for step in steps for piece in step.pieces]
+        self.pieces.extend(new)
+        self.body.append(self._render_pieces(new))
+
+    def finish(self, tail: str, summary: str) -> None:
+        if tail:  # bytes the streaming decoder held back: part of the last emitted token
+            last = next((p for p in reversed(self.pieces) if p.emitted), Piece("", Status.PLAIN))
+            self.pieces.append(Piece(tail, last.status))
+            self.rerender()
+        self.border_subtitle = summary
+
+    def set_show_rejected(self, show: bool) -> None:
+        self.show_rejected = show
+        self.rerender()
+
+    def rerender(self) -> None:
+        self.body.set_text(self.text)
+
+
+class Transcript(VerticalScroll):
+    """The conversation, newest at the bottom; stays scrolled to the end unless the user
+    scrolls up."""
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    def add_user(self, text: str) -> None:
+        self.mount(UserMessage(Text(text)))
+
+    def add_answer(self, label: str, show_rejected: bool) -> Answer:
+        answer = Answer(label, show_rejected)
+        self.mount(answer)
+        return answer
+
+    def add_note(self, text: str) -> None:
+        self.mount(Note(Text(text)))
+
+    def add_error(self, text: str) -> None:
+        self.mount(ErrorMessage(Text(text)))
+
+    def clear(self) -> None:
+        self.remove_children()
+
+    def set_show_rejected(self, show: bool) -> None:
+        for answer in self.query(Answer):
+            answer.set_show_rejected(show)
+
+
+class Legend(Themed, Static):
+    """Which colour means what, and whether rejected drafts are shown."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.show_rejected = False
+
+    def set_show_rejected(self, show: bool) -> None:
+        self.show_rejected = show
+        self.rerender()
+
+    def rerender(self) -> None:
+        t = Text()
+        for status in LEGEND_ORDER:
+            t.append(status.value, status_style(status, self.dark))
+            if status is Status.REJECTED:
+                t.append(" (shown)" if self.show_rejected else " (hidden: ^r)", "dim")
+            t.append("  ")
+        self.update(t)
+
+
+def _bar(fraction: float, width: int, style: Style) -> Text:
+    full = round(max(0.0, min(1.0, fraction)) * width)
+    return Text.assemble(("█" * full, style), ("░" * (width - full), "dim"))
+
+
+def _num(x: float | None, fmt: str, unit: str = "") -> str:
+    return "–" if x is None else f"{x:{fmt}}{unit}"
+
+
+def render_stats(stats: TurnStats | None, settings: Settings, baseline: Baseline,
+                 busy: bool = False, dark: bool = True, bar_width: int = 14) -> Text:
+    """The side panel's text: settings, speed, acceptance, timings, per-position bars and the
+    accepted-length histogram."""
+    hue = status_style(Status.ACCEPTED, dark)
+    t = Text()
+
+    def head(title: str) -> None:
+        t.append(f"{title}\n", "bold underline")
+
+    def row(name: str, value: str) -> None:
+        t.append(f"{name:<15}", "dim")
+        t.append(f"{value}\n")
+
+    head("Settings (next turn)")
+    row("speculation", "on" if settings.speculate else "off")
+    row("drafter", settings.draft + ("" if settings.speculate else " (unused)"))
+    row("K", str(settings.k))
+    row("temperature", f"{settings.temp:g}" + (f"  top-p {settings.top_p:g}" if settings.top_p < 1 else ""))
+
+    s = stats
+    head("\nSpeed" + (" (generating)" if busy else " (last turn)" if s else ""))
+    row("tok/s now", _num(s and s.tps_now(), ".1f"))
+    row("tok/s turn", _num(s and s.tps_turn(), ".1f"))
+    row("speedup", "– (target-only turn)" if s and s.target_only else _num(s and s.speedup(baseline), ".2f", "x"))
+    t.append(f"  vs target-only {_num(baseline.tps, '.1f')} tok/s\n  ({baseline.source})\n", "dim")
+
+    head("\nSpeculation")
+    row("steps", str(len(s.steps)) if s else "–")
+    row("accepted/step", _num(s and s.accepted_per_step(), ".2f"))
+    row("tokens/step", _num(s and s.tokens_per_step(), ".2f"))
+    rate = s and s.acceptance_rate()
+    row("acceptance", "–" if rate is None else f"{rate:.0%}")
+    row("draft ms/step", _num(s and s.mean_draft_ms(), ".1f"))
+    row("verify ms/step", _num(s and s.mean_verify_ms(), ".1f"))
+
+    # One row per position / length up to the turn's K from its first step on, so that the
+    # panel keeps its height through a turn (a height change costs a whole-screen layout).
+    positions = s.position_rates() if s else []
+    if positions:
+        head("\nAccepted by draft position")
+        for i, r in positions:
+            t.append(f"{i:>3} ", "dim")
+            t.append_text(_bar(r or 0.0, bar_width, hue))
+            t.append("    –\n" if r is None else f" {r:4.0%}\n")
+    hist = s.length_histogram() if s else []
+    if hist:
+        head("\nAccepted length per step")
+        top = max(n for _, n in hist) or 1
+        for length, n in hist:
+            t.append(f"{length:>3} ", "dim")
+            t.append_text(_bar(n / top, bar_width, hue))
+            t.append(f" {n}\n")
+    t.rstrip()
+    return t
+
+
+class StatsPanel(Themed, VerticalScroll):
+    """The live side panel; the app calls ``show`` (at most every STATS_INTERVAL while a turn
+    runs)."""
+
+    def __init__(self, settings: Settings, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.settings, self.baseline = settings, Baseline()
+        self.stats: TurnStats | None = None
+        self.busy = False
+        self.body = Static(id="stats-body")
+
+    def compose(self) -> ComposeResult:
+        yield self.body
+
+    def show(self, stats: TurnStats | None, settings: Settings, baseline: Baseline, busy: bool) -> None:
+        self.stats, self.settings, self.baseline, self.busy = stats, settings, baseline, busy
+        self.rerender()
+
+    def rerender(self) -> None:
+        update_in_place(self.body, render_stats(self.stats, self.settings, self.baseline, self.busy, self.dark))
+
+
+def summary_line(stats: TurnStats, result: TurnResult) -> str:
+    """Shown under an answer when its turn ends."""
+    parts = [f"{stats.tokens} tokens", f"{_num(stats.tps_turn(), '.1f')} tok/s"]
+    if stats.drafted:
+        parts.append(f"{_num(stats.accepted_per_step(), '.2f')} accepted/step")
+    parts.append(f"stop: {result.stop_reason}")
+    return " · ".join(parts)
