@@ -38,7 +38,7 @@ def _load_fast_blas() -> BlasStatus:
         return BlasStatus(None, "mlx was imported before mlxspec; fast BLAS could not be installed")
     found = ctypes.util.find_library("openblas")
     for path in (*_OPENBLAS_CANDIDATES, found):
-        if path and (os.path.isabs(path) is False or os.path.exists(path)):
+        if path and (not os.path.isabs(path) or os.path.exists(path)):  # bare sonames go to the loader
             try:
                 ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             except OSError:
