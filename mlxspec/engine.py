@@ -82,6 +82,7 @@ def generate_plain(
         t_prev = now
         y = nxt
     end = time.perf_counter()
+    mx.synchronize()  # the speculative next step is still running; finish it before we return
     yield Done(len(prompt), n, prefill_s=t_first - t0, decode_s=end - t_first, stop_reason=reason, steps=n)
 
 

@@ -19,7 +19,7 @@ from tui.fake import SCRIPT, FakeSource
 from tui.messages import Piece, StepData, TurnResult
 from tui.source import K_MAX, ModelSource, Settings
 from tui.stats import Baseline, TurnStats
-from tui.widgets import Answer, ErrorMessage, Legend, Prompt, StatsPanel, status_style
+from tui.widgets import Answer, ErrorMessage, Prompt, status_style
 
 SIZE = (120, 40)
 
@@ -322,6 +322,27 @@ def test_stop_keeps_the_partial_answer_then_chat_goes_on():
     run(go())
 
 
+def test_ui_thread_cost_per_step_stays_small():
+    """The UI thread's CPU per verification step (drawing the answer, the panel at most every
+    STATS_INTERVAL): a regression guard for tokens/s in the app vs headless (tui/overhead.py).
+    About 3-4 ms here, the turn's start included; re-rendering the whole answer and a layout
+    pass on every step cost 10-15 ms before."""
+
+    async def go():
+        app, src = fake_app(script=SCRIPT * 6, delay=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            cpu = time.thread_time()
+            await ask(pilot, app, "a long one")
+            while app.running is not None:  # plain sleeps: the pilot's own waiting costs CPU too
+                await asyncio.sleep(0.05)
+            return (time.thread_time() - cpu) / len(app.stats.steps)
+
+    per_step = run(go())
+    print(f"UI thread CPU per step: {per_step * 1e3:.1f} ms")
+    assert per_step < 0.008
+
+
 def test_model_load_error_is_shown_and_the_app_survives():
     async def go():
         app, _ = fake_app(fail_load="model 'nope' not found: not a registry name")
@@ -370,6 +391,21 @@ def test_unexpected_worker_error_is_shown():
     run(go())
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"k": 0}, "--k must be in 1..64"),
+    ({"temp": -1.0}, "temperature must be >= 0"),
+    ({"top_p": 0.0}, "top-p must be in"),
+    ({"max_tokens": 0}, "--max-tokens must be > 0"),
+    ({"dtype": "int3"}, "unknown dtype 'int3'"),
+])
+def test_run_chat_rejects_bad_options_before_starting(kwargs, message):
+    from mlxspec.errors import MlxspecError
+    from tui.app import run_chat
+
+    with pytest.raises(MlxspecError, match=message):
+        run_chat(**kwargs)
+
+
 # ----------------------------------------------------------------------------- real model
 class Recording:
     """Wraps a source and keeps every engine event it produced."""
@@ -411,6 +447,7 @@ def test_chat_turn_on_the_real_model(lm):
             return app, src, answer, spans(answer)
 
     app, src, answer, shown = run(go())
+    app.wait_for_worker_exit()  # MLX ran on that thread: let it finish before the process may end
     steps = [e for e in src.events_seen if isinstance(e, Step)]
     tokens = [t for s in steps for t in s.tokens]
     assert len(app.stats.steps) == len(steps)  # one message per step
@@ -476,8 +513,9 @@ def test_keys_on_the_real_model_and_stop_keeps_partial_answer(lm):
             assert plain.pieces and all(p.status is Status.PLAIN for p in plain.pieces)
             assert all(s.k == 0 for s in app.stats.steps)
             assert app.baseline.source == "measured: last target-only turn"
-            return latencies, stop_s
+            return app, latencies, stop_s
 
-    latencies, stop_s = run(go())
+    app, latencies, stop_s = run(go())
+    app.wait_for_worker_exit()
     print(f"key latency while generating: {[round(x * 1e3, 1) for x in latencies]} ms; stop took {stop_s:.2f} s")
     assert max(latencies) < 0.1

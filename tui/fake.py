@@ -52,8 +52,7 @@ class FakeSource:
                  fail_turn: str | None = None, baseline_ms: float | None = 110.0):
         self.script, self.delay = script, delay
         self.fail_load, self.fail_turn, self.baseline_ms = fail_load, fail_turn, baseline_ms
-        self.vocab: dict[int, str] = {}
-        self.ids: dict[str, int] = {}
+        self.ids: dict[str, int] = {}  # one "token" per distinct text
         for _, _, pieces in script:
             for text, _ in pieces:
                 self.ids.setdefault(text, len(self.ids) + 1)
@@ -86,9 +85,9 @@ class FakeSource:
 
     def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
         self.requests.append((messages, settings))
-        return self._events(settings)
+        return self._events()
 
-    def _events(self, settings: Settings) -> Iterator[Event]:
+    def _events(self) -> Iterator[Event]:
         if self.fail_turn:
             raise MlxspecError(self.fail_turn)
         steps = self.steps()

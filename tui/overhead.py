@@ -1,12 +1,15 @@
-"""Does the UI slow generation down? Decode tokens/s of the same greedy turn, headless (the
-engine plus text decoding, as ``mlxspec generate`` does) and inside the chat app, alternating.
+"""Does the UI slow generation down? The same greedy turn, headless (the engine plus text
+decoding, as ``mlxspec generate`` does) and inside the chat app, alternating (ABBA order).
 
     python -m tui.overhead                       # the app under Textual's headless driver
-    python -m tui.overhead --terminal            # the app drawing to this terminal (run in tmux)
+    python -m tui.overhead --terminal            # the app drawing to this terminal (run it in tmux)
 
-Both figures are the engine's own ``Done.decode_tps``, which is wall-clock: time the consumer
-spends between steps (posting messages, and in the app the rendering competing for the CPU
-and the GIL) counts against it.
+Reported per run:
+* decode tokens/s: the engine's own ``Done.decode_tps``, wall clock, so whatever the app costs
+  between steps counts against it. On a shared machine other processes move it by +-20%.
+* process CPU ms per generated token (all threads: BLAS, worker, UI): what the UI adds on top
+  of generation, and much less sensitive to other processes' load.
+* UI-thread CPU ms per step (app runs).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from mlxspec.drafters import make_drafter
 from mlxspec.engine import generate
 from mlxspec.events import Done, Status, Step
 from mlxspec.sampling import SamplingParams
-from mlxspec.tokenizer import encode_prompt, stop_token_ids
+from mlxspec.tokenizer import encode_prompt
 
 from .app import ChatApp
 from .source import ModelSource, Settings
@@ -31,12 +34,13 @@ from .widgets import Prompt
 PROMPT = "Write a short story about a robot who learns to paint. Mention the robot's name often."
 
 
-def headless_tps(lm, settings: Settings) -> float:
+def headless_run(lm, settings: Settings) -> dict:
     tok = lm.tokenizer
     ids = encode_prompt(tok, [{"role": "user", "content": PROMPT}])
     detok = tok.detokenizer
     detok.reset()
     drafter = make_drafter(settings.drafter, lm, lm.dtype)
+    cpu = time.process_time()
     for ev in generate(lm.model, ids, SamplingParams(settings.temp), settings.max_tokens, set(),
                        lm.context_length, 0, drafter, settings.k):
         if isinstance(ev, Step):
@@ -46,55 +50,53 @@ def headless_tps(lm, settings: Settings) -> float:
                 else:
                     detok.add_token(t.id)
         elif isinstance(ev, Done):
-            return ev.decode_tps
+            cpu = time.process_time() - cpu
+            return {"tps": ev.decode_tps, "cpu_ms_per_token": cpu * 1e3 / ev.generated_tokens}
     raise RuntimeError("no Done event")
 
 
 class _NoStop(ModelSource):
-    """The same turn as ``headless_tps``: EOS ignored, so both decode exactly max_tokens."""
+    """The same turn as ``headless_run``: EOS ignored, so both decode exactly max_tokens."""
 
     def events(self, messages, settings):
-        from mlxspec.engine import generate as run
-
         lm = self.lm
         ids = encode_prompt(lm.tokenizer, messages)
-        return run(lm.model, ids, SamplingParams(settings.temp), settings.max_tokens, set(),
-                   lm.context_length, 0, self.drafter(settings.drafter), settings.k)
+        return generate(lm.model, ids, SamplingParams(settings.temp), settings.max_tokens, set(),
+                        lm.context_length, 0, self.drafter(settings.drafter), settings.k)
 
 
-async def _app_turns(pilot, app: ChatApp, n: int, between) -> list[tuple[float, float]]:
-    """``n`` app turns, each after one call of ``between``; (decode tok/s, UI-thread CPU ms
-    per step) for each."""
-    out = []
-    while app.info is None:
-        await pilot.pause(0.05)
-    for _ in range(n):
-        between()
-        await pilot.press("ctrl+n")
-        app.query_one(Prompt).value = PROMPT
-        cpu = time.thread_time()  # this coroutine runs on the UI thread
-        await pilot.press("enter")
-        await pilot.pause(0.1)
-        while app.running is not None:
-            await asyncio.sleep(0.05)
-        cpu = time.thread_time() - cpu
-        out.append((app.stats.result.decode_tps, cpu * 1e3 / len(app.stats.steps)))
-    return out
+async def _app_run(pilot, app: ChatApp) -> dict:
+    await pilot.press("ctrl+n")
+    app.query_one(Prompt).value = PROMPT
+    cpu, ui_cpu = time.process_time(), time.thread_time()  # this coroutine runs on the UI thread
+    await pilot.press("enter")
+    await pilot.pause(0.1)
+    while app.running is not None:
+        await asyncio.sleep(0.05)
+    cpu, ui_cpu = time.process_time() - cpu, time.thread_time() - ui_cpu
+    stats = app.stats
+    return {"tps": stats.result.decode_tps, "cpu_ms_per_token": cpu * 1e3 / stats.result.generated_tokens,
+            "ui_cpu_ms_per_step": ui_cpu * 1e3 / len(stats.steps)}
 
 
-def measure(repeats: int, settings: Settings, terminal: bool) -> dict:
+def measure(pairs: int, settings: Settings, terminal: bool) -> dict:
     from mlxspec import loading
 
     lm = loading.load("default")
-    headless_tps(lm, settings)  # warm-up
-    heads: list[float] = []
+    headless_run(lm, settings)  # warm-up
     app = ChatApp(_NoStop(loaded=lm, baseline_tokens=0), settings)
-    # Alternate: one headless run before each app turn, on the UI thread while the app idles.
-    between = lambda: heads.append(headless_tps(lm, settings))  # noqa: E731
-    result: dict = {}
+    runs: dict[str, list[dict]] = {"headless": [], "app": []}
 
     async def pilot_main(pilot) -> None:
-        result["app"] = await _app_turns(pilot, app, repeats, between)
+        while app.info is None:
+            await pilot.pause(0.05)
+        for i in range(pairs):
+            # Headless runs happen on the UI thread while the app idles (it draws nothing then).
+            if i % 2 == 0:
+                runs["headless"].append(headless_run(lm, settings))
+            runs["app"].append(await _app_run(pilot, app))
+            if i % 2 == 1:
+                runs["headless"].append(headless_run(lm, settings))
         app.exit()
 
     if terminal:
@@ -106,21 +108,30 @@ def measure(repeats: int, settings: Settings, terminal: bool) -> dict:
 
         asyncio.run(run_headless())
     app.wait_for_worker_exit()
-    apps = [tps for tps, _ in result["app"]]
-    ratios = [a / h for a, h in zip(apps, heads)]
-    return {"settings": settings.label, "max_tokens": settings.max_tokens, "pairs": repeats,
-            "driver": "terminal" if terminal else "textual headless",
-            "headless_tps": [round(x, 2) for x in heads], "app_tps": [round(x, 2) for x in apps],
-            "pair_ratios": [round(x, 3) for x in ratios],
-            "headless_median": round(statistics.median(heads), 2), "app_median": round(statistics.median(apps), 2),
-            "app_vs_headless_median_of_pairs": round(statistics.median(ratios), 3),
-            "ui_thread_cpu_ms_per_step": [round(c, 1) for _, c in result["app"]]}
+
+    def col(kind: str, key: str) -> list[float]:
+        return [round(r[key], 2) for r in runs[kind]]
+
+    def med(kind: str, key: str) -> float:
+        return round(statistics.median(r[key] for r in runs[kind]), 2)
+
+    tps_ratios = [a["tps"] / h["tps"] for a, h in zip(runs["app"], runs["headless"])]
+    return {
+        "settings": settings.label, "max_tokens": settings.max_tokens, "pairs": pairs,
+        "driver": "terminal" if terminal else "textual headless",
+        "headless_tps": col("headless", "tps"), "app_tps": col("app", "tps"),
+        "app_vs_headless_tps_median_of_pairs": round(statistics.median(tps_ratios), 3),
+        "headless_cpu_ms_per_token": col("headless", "cpu_ms_per_token"),
+        "app_cpu_ms_per_token": col("app", "cpu_ms_per_token"),
+        "app_vs_headless_cpu_per_token": round(med("app", "cpu_ms_per_token") / med("headless", "cpu_ms_per_token"), 3),
+        "ui_thread_cpu_ms_per_step": col("app", "ui_cpu_ms_per_step"),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m tui.overhead", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=5, help="headless/app runs, alternating")
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--pairs", type=int, default=6, help="one headless and one app run each")
+    ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft", default="ngram:3")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--terminal", action="store_true", help="draw to this terminal (run it in tmux)")

@@ -16,7 +16,8 @@ class StreamText(Widget):
 
     A ``Static`` re-wraps and re-renders all of its text on every update, so a streamed
     answer would cost more per step the longer it gets. Here an append re-wraps only the last
-    paragraph (text after the last line break) and repaints only the lines that changed."""
+    paragraph (the text after the last line break), repaints only its lines and re-renders
+    only those of them whose text changed."""
 
     DEFAULT_CSS = "StreamText { width: 1fr; height: auto; }"
 
