@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import runtime  # noqa: F401  (before mlx)
+from .runtime import BLAS, backend_description  # (imports runtime before mlx)
 
 import mlx.core as mx
 
@@ -200,6 +200,31 @@ def _stats(runs: list[Run], floor_ms: float) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the benchmark
 
 
+def run_header(lm) -> dict[str, Any]:
+    """Where and on what a measurement ran: the first keys of every result JSON."""
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        "backend": backend_description(),
+        "blas": BLAS.library,
+        "mlx_version": mx.__version__,
+        "mlx_lm_version": version("mlx-lm") or version("mlx_lm"),
+        "model": lm.name,
+        "dtype": lm.dtype,
+    }
+
+
 def baseline_bench(
     model_spec: str = "default",
     dtype: str = "auto",
@@ -221,7 +246,6 @@ def baseline_bench(
     """
     from . import loading
     from .errors import MlxspecError
-    from .runtime import BLAS, backend_description
     from .tokenizer import encode_prompt
 
     if max_tokens < 2:
@@ -283,25 +307,8 @@ def baseline_bench(
     a, b = impls["mlxspec"]["decode_tps_median"], impls["mlx_lm"]["decode_tps_median"]
     ratio = a / b if b > 0 else math.inf
 
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-        },
-        "backend": backend_description(),
-        "blas": BLAS.library,
-        "mlx_version": mx.__version__,
-        "mlx_lm_version": version("mlx-lm") or version("mlx_lm"),
-        "model": lm.name,
-        "dtype": lm.dtype,
+        **run_header(lm),
         "settings": {
             "max_tokens": max_tokens,
             "warmup": warmup,
@@ -812,7 +819,6 @@ def spec_bench(
     from . import loading
     from .drafters import make_drafter, parse_k
     from .errors import MlxspecError
-    from .runtime import BLAS, backend_description
     from .sampling import SamplingParams
     from .tokenizer import encode_prompt, stop_token_ids
 
@@ -886,25 +892,8 @@ def spec_bench(
             "overall": aggregate(tr, k),
         })
 
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
     result = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-        },
-        "backend": backend_description(),
-        "blas": BLAS.library,
-        "mlx_version": mx.__version__,
-        "mlx_lm_version": version("mlx-lm") or version("mlx_lm"),
-        "model": lm.name,
-        "dtype": lm.dtype,
+        **run_header(lm),
         "settings": {
             "draft": draft,
             "k": k,

@@ -29,15 +29,11 @@ low acceptance, or per-step overhead the cost model does not see.
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import math
-import os
-import platform
 import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +42,7 @@ from . import runtime  # noqa: F401  (before mlx)
 import mlx.core as mx
 
 from .bench import (WARMUP_TOKENS, _acc, _f, _first_mismatch, _mlxspec_run, acceptance_by_position,
-                    spec_bench_prompts)
+                    run_header, spec_bench_prompts)
 from .drafters import MAX_K
 from .errors import MlxspecError
 
@@ -335,13 +331,6 @@ def _spread(xs: Sequence[float]) -> dict[str, float | None]:
     return {"median": _median(xs), "min": min(xs) if xs else None, "max": max(xs) if xs else None}
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 # ----------------------------------------------------------------------------- the sweep
 
 
@@ -378,7 +367,6 @@ def run_sweep(
     """
     from . import loading
     from .drafters import make_drafter
-    from .runtime import BLAS, backend_description
     from .sampling import SamplingParams
     from .tokenizer import encode_prompt, stop_token_ids
 
@@ -516,18 +504,7 @@ def run_sweep(
         verdict.append("BUG: greedy speculative output differs from target-only at " + "; ".join(bad))
 
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-        },
-        "backend": backend_description(),
-        "blas": BLAS.library,
-        "mlx_version": mx.__version__,
-        "mlx_lm_version": _version("mlx-lm") or _version("mlx_lm"),
-        "model": lm.name,
-        "dtype": lm.dtype,
+        **run_header(lm),
         "settings": {
             "ks": ks, "draft": draft, "temperature": float(temp), "top_p": float(top_p),
             "categories": list(dict.fromkeys(it["category"] for it in items)),
