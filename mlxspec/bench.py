@@ -776,6 +776,27 @@ def verdicts(result: dict[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------------- the benchmark
 
 
+def prepare_speculative_run(model_spec: Any, draft: str, dtype: str, items: list[dict[str, Any]],
+                            max_tokens: int, no_drafter: str) -> tuple[Any, Any, set[int], list[list[int]]]:
+    """What spec_bench and the sweep both start from: the target (a spec, or an already loaded
+    model), its drafter, the stop tokens and every prompt encoded and checked against the context."""
+    from . import loading
+    from .drafters import make_drafter
+    from .errors import MlxspecError
+    from .tokenizer import encode_prompt, stop_token_ids
+
+    lm = model_spec if hasattr(model_spec, "model") and hasattr(model_spec, "tokenizer") else loading.load(model_spec, dtype)
+    drafter = make_drafter(draft, lm, lm.dtype)
+    if drafter is None:
+        raise MlxspecError(no_drafter)
+    ids = [encode_prompt(lm.tokenizer, it["text"]) for it in items]
+    for it, p in zip(items, ids):
+        if len(p) + max_tokens >= lm.context_length:
+            raise MlxspecError(f"prompt {it['id']} ({len(p)} tokens) + {max_tokens} new tokens exceeds "
+                               f"the context ({lm.context_length})")
+    return lm, drafter, stop_token_ids(lm.tokenizer), ids
+
+
 def spec_bench(
     model_spec: Any = "default",
     draft: str = "ngram:3",
@@ -816,11 +837,9 @@ def spec_bench(
     mlx_lm ({description, note} or None), mlx_lm_reason, runs[per-run rows], results[{temperature,
     categories{cat: aggregate}, overall: aggregate}], verdicts[str]. See ``aggregate``.
     """
-    from . import loading
-    from .drafters import make_drafter, parse_k
+    from .drafters import parse_k
     from .errors import MlxspecError
     from .sampling import SamplingParams
-    from .tokenizer import encode_prompt, stop_token_ids
 
     k = parse_k(k)
     if max_tokens < 1:
@@ -833,16 +852,8 @@ def spec_bench(
     params_of = {t: SamplingParams(temperature=t) for t in temps}  # validates them
 
     items, note = spec_bench_prompts(categories, per_category, prompts_file)
-    lm = model_spec if hasattr(model_spec, "model") and hasattr(model_spec, "tokenizer") else loading.load(model_spec, dtype)
-    drafter = make_drafter(draft, lm, lm.dtype)
-    if drafter is None:
-        raise MlxspecError("spec_bench needs a drafter (got 'none')")
-    stop = stop_token_ids(lm.tokenizer)
-    ids = [encode_prompt(lm.tokenizer, it["text"]) for it in items]
-    for it, p in zip(items, ids):
-        if len(p) + max_tokens >= lm.context_length:
-            raise MlxspecError(f"prompt {it['id']} ({len(p)} tokens) + {max_tokens} new tokens exceeds "
-                               f"the context ({lm.context_length})")
+    lm, drafter, stop, ids = prepare_speculative_run(
+        model_spec, draft, dtype, items, max_tokens, no_drafter="spec_bench needs a drafter (got 'none')")
 
     ref_target = ref_draft = peer_desc = None
     peer_reason = "not requested (with_mlx_lm=False)"

@@ -42,7 +42,7 @@ from . import runtime  # noqa: F401  (before mlx)
 import mlx.core as mx
 
 from .bench import (WARMUP_TOKENS, _acc, _f, _first_mismatch, _mlxspec_run, acceptance_by_position,
-                    run_header, spec_bench_prompts)
+                    prepare_speculative_run, run_header, spec_bench_prompts)
 from .drafters import MAX_K
 from .errors import MlxspecError
 
@@ -365,10 +365,7 @@ def run_sweep(
     ms_all}], slope, kind}, optimum_measured{k, tps, speedup}, optimum_predicted{k, tps,
     speedup}, pays, causes[{cause, message}], verdict[str], runs[compact per-run rows].
     """
-    from . import loading
-    from .drafters import make_drafter
     from .sampling import SamplingParams
-    from .tokenizer import encode_prompt, stop_token_ids
 
     if isinstance(ks, str):
         ks = parse_ks(ks)
@@ -386,16 +383,9 @@ def run_sweep(
     params = SamplingParams(temperature=float(temp), top_p=float(top_p))
 
     items, note = spec_bench_prompts(list(categories) if categories else None, per_category, prompts_file)
-    lm = model_spec if hasattr(model_spec, "model") and hasattr(model_spec, "tokenizer") else loading.load(model_spec, dtype)
-    drafter = make_drafter(draft, lm, lm.dtype)
-    if drafter is None:
-        raise MlxspecError("a sweep needs a drafter (got 'none'): e.g. --draft ngram:3 or self:8")
-    stop = stop_token_ids(lm.tokenizer)
-    ids = [encode_prompt(lm.tokenizer, it["text"]) for it in items]
-    for it, p in zip(items, ids):
-        if len(p) + max_tokens >= lm.context_length:
-            raise MlxspecError(f"prompt {it['id']} ({len(p)} tokens) + {max_tokens} new tokens exceeds "
-                               f"the context ({lm.context_length})")
+    lm, drafter, stop, ids = prepare_speculative_run(
+        model_spec, draft, dtype, items, max_tokens,
+        no_drafter="a sweep needs a drafter (got 'none'): e.g. --draft ngram:3 or self:8")
 
     methods: list[int] = [0] + ks  # 0 = target-only
     sizes = sorted({1} | {k + 1 for k in ks})

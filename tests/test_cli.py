@@ -140,3 +140,15 @@ def test_generate_text_stream():
 )
 def test_bad_speculation_options(args, pattern):
     one_line_error(invoke(*args), pattern)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["sweep", "--draft", "none", "--k", "1"], "a sweep needs a drafter"),
+        (["bench", "--draft", "none", "--category", "qa", "--per-category", "1", "-n", "4", "--no-mlx-lm"], "spec_bench needs a drafter"),
+    ],
+)
+def test_speculative_runs_refuse_no_drafter(args, pattern):
+    one_line_error(invoke(*args), pattern)
