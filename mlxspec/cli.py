@@ -314,6 +314,7 @@ def sweep(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per K as CSV here."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: tokens/s and acceptance against K."),
+    tui: bool = typer.Option(False, "--tui", help="Show the sweep live in a terminal UI (q quits); the table is printed after."),
 ) -> None:
     """Find the draft length K that is fastest in wall-clock time, and say why speculation
     loses when it does (slow draft, serial verification, or low acceptance)."""
@@ -322,14 +323,24 @@ def sweep(
 
     k_list = sw.parse_ks(ks)
     SamplingParams(temp, top_p)
-    with _progress() as bar:
-        task = bar.add_task("sweep", total=None)
+    options = dict(model_spec=model, draft=draft, temp=temp, top_p=top_p, prompts_file=prompts_file,
+                   per_category=per_category, categories=categories, max_tokens=max_tokens, warmup=warmup,
+                   repeats=repeats, seed=seed, dtype=dtype)
+    if tui:
+        from tui.sweep_app import describe, run_sweep_tui
 
-        def progress(i: int, total: int, label: str) -> None:
-            bar.update(task, completed=i, total=total, description=label)
+        result = run_sweep_tui(k_list, describe(k_list, model, draft, temp, max_tokens, repeats), **options)
+        if result is None:
+            err.print("sweep stopped before the end: nothing written")
+            raise typer.Exit(1)
+    else:
+        with _progress() as bar:
+            task = bar.add_task("sweep", total=None)
 
-        result = sw.run_sweep(k_list, model, draft, temp, top_p, prompts_file, per_category, categories,
-                              max_tokens, warmup, repeats, seed, dtype, progress)
+            def progress(i: int, total: int, label: str) -> None:
+                bar.update(task, completed=i, total=total, description=label)
+
+            result = sw.run_sweep(k_list, progress=progress, **options)
     sw.print_sweep(result, Console())
     _write_json(result, json_out)
     if csv_out is not None:

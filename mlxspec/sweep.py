@@ -350,11 +350,14 @@ def run_sweep(
     dtype: str = "auto",
     progress: Callable[[int, int, str], Any] | None = None,
     verify_reps: int = VERIFY_REPS,
+    on_run: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[str, Any]:
     """Sweep K for ``draft`` on ``model_spec`` (a ``loading.load`` spec or a loaded model).
 
     Prompts: ``bench.spec_bench_prompts(categories, per_category, prompts_file)`` (default: the
     first question of each of the six Spec-Bench subtasks). ``progress(done, total, label)``.
+    ``on_run(run)`` after every timed run, for live displays: plain values {k (0 = target-only),
+    prompt_id, category, repeat, tps, accepted, drafted (per step), done, of (runs of this K)}.
     Result (JSON-serialisable): date, machine, backend, blas, mlx_version, mlx_lm_version,
     model, dtype, settings, note, prompts, baseline{tps, tps_min, tps_max, decode_tps,
     ms_per_token, runs}, rows[per K: k, tps, tps_min, tps_max, decode_tps, speedup,
@@ -426,6 +429,10 @@ def run_sweep(
                            limit=min(max_tokens, lm.context_length - len(p)))
                 got[m] = row
                 rows_by[m].append(row)
+                if on_run is not None:
+                    on_run({"k": m, "prompt_id": it["id"], "category": it["category"], "repeat": r,
+                            "tps": row["tps"], "accepted": list(row["accepted"]), "drafted": list(row["drafted"]),
+                            "done": len(rows_by[m]), "of": repeats * len(items)})
                 tick(f"{label(m)} · {it['category']} #{it['id']} · repeat {r + 1}/{repeats}")
             for m in ks:
                 got[m]["ratio"] = got[m]["tps"] / got[0]["tps"] if got[0]["tps"] > 0 else None
