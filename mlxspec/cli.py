@@ -349,6 +349,146 @@ def sweep(
         err.print(f"[dim]wrote {sw.plot_sweep(result, plot_out)}[/]")
 
 
+@app.command("train-draft")
+@friendly
+def train_draft(
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the draft (weights, config, model card, checkpoint)."),
+    model: str = ModelOpt,
+    loss: str = typer.Option("wtv", "--loss", help="kl (forward KL), eal (greedy expected accepted length) or wtv (window total variation at --temp)."),
+    grpo: bool = typer.Option(False, "--grpo", help="Add a GRPO stage after distillation (reward: simulated accepted length)."),
+    grpo_steps: int = typer.Option(60, help="GRPO steps when --grpo is set."),
+    grpo_group: int = typer.Option(8, help="GRPO: drafts sampled per context (G)."),
+    grpo_reward: str = typer.Option("auto", help="GRPO reward: greedy, sampling, or auto (greedy for eal, sampling otherwise)."),
+    layers: int = typer.Option(2, help="Draft blocks (1-4)."),
+    hidden: Optional[int] = typer.Option(None, help="Draft hidden size (default: the target's; another size needs --init random)."),
+    head_vocab: int = typer.Option(8192, help="Rows of the reduced-vocabulary head (most frequent tokens of the data)."),
+    init: str = typer.Option("target", help="target (copy the target's first blocks, norm and head rows) or random."),
+    window: int = typer.Option(5, "--window", "-k", help="Window K of draft positions the objective covers."),
+    temp: float = typer.Option(1.0, "--temp", "-t", help="Temperature of p and q in kl and wtv."),
+    steps: int = typer.Option(400, help="Distillation steps."),
+    batch: int = typer.Option(8, help="Sequences per step."),
+    lr: float = typer.Option(3e-4, help="Peak learning rate (warm-up, then cosine decay)."),
+    prompts: int = typer.Option(320, help="Training prompts (distillation data is built once and cached)."),
+    max_new_tokens: int = typer.Option(96, help="Target-generated tokens per training prompt."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Distillation set (.npz): used if present, else built and saved there."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --out."),
+    checkpoint_every: int = typer.Option(100, help="Steps between checkpoints."),
+    seed: int = typer.Option(0, help="Seed for data, initialisation, batch order and GRPO sampling."),
+    quick: bool = typer.Option(False, "--quick", help="CI-sized run (~1-2 minutes): 12 prompts, 1 layer, 1024-token head, 40 steps."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-step log and summary as JSON here."),
+) -> None:
+    """Train a small draft for the target by self-distillation, with an acceptance-aware loss.
+
+    Data: prompts from ../shared/data (GSM8K, HumanEval, FOLIO, MT-Bench; Spec-Bench questions
+    removed) and our own chat prompts, continued by the target; the target's distributions are
+    the teacher (cached as log-probs over the head vocabulary)."""
+    import time
+
+    from . import train as tr
+    from .draft import DraftConfig, DraftModel, init_from_target, tokenizer_fingerprint
+    from .loading import load
+
+    if quick:
+        prompts, max_new_tokens, head_vocab, layers = 12, 24, 1024, 1
+        steps, batch, checkpoint_every, grpo_steps, grpo_group = 40, 4, 20, 4, 4
+    cfg = tr.TrainConfig(loss=loss, k=window, temp=temp, steps=steps, batch=batch, lr=lr,
+                         grpo_steps=grpo_steps if grpo else 0, grpo_group=grpo_group, grpo_reward=grpo_reward,
+                         grpo_contexts=2 if quick else 4, seed=seed, checkpoint_every=checkpoint_every)
+    cfg.validate()
+    t0 = time.perf_counter()
+    target = load(model, "float32")
+    dcfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=layers,
+                                  hidden_size=hidden, head_vocab=head_vocab, init=init)
+    with _progress() as bar:
+        task = bar.add_task("data", total=None)
+        data, data_path = tr.prepare_data(
+            target, data, prompts, max_new_tokens, head_vocab, seed,
+            progress=lambda stage, i, n: bar.update(task, completed=i, total=n, description=stage))
+    if len(data.vocab_ids) != dcfg.head_vocab:
+        raise MlxspecError(f"{data_path} has a {len(data.vocab_ids)}-token head vocabulary, not {dcfg.head_vocab}")
+    import mlx.core as mx
+
+    mx.random.seed(seed)
+    draft = DraftModel(dcfg, mx.array(data.vocab_ids), target.model.model.embed_tokens)
+    if dcfg.init == "target":
+        init_from_target(draft, target.model)
+    extra = {"target": target.name, "loss": loss + ("+grpo" if grpo else ""), "data": str(data_path)}
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]:.4f}  kl {task.fields[kl]:.3f}  "
+                          "E[acc] greedy {task.fields[eal]:.2f} T {task.fields[wtv]:.2f}  {task.fields[tps]:.0f} tok/s"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task(f"train {extra['loss']}", total=cfg.steps + cfg.grpo_steps, loss=0.0, kl=0.0,
+                            eal=0.0, wtv=0.0, tps=0.0)
+
+        def progress(h, total: int) -> None:
+            bar.update(task, completed=h.step, loss=h.loss, kl=h.kl, eal=h.eal, wtv=h.wtv, tps=h.tokens_per_s,
+                       description=f"{h.stage} {extra['loss']}")
+
+        history = tr.train(draft, data, cfg, out, target=target, resume=resume, progress=progress, extra=extra)
+    seconds = time.perf_counter() - t0
+    peak = tr.peak_memory_gb()
+    command = "mlxspec " + " ".join(sys.argv[1:])
+    card = tr.model_card(out.name, command, data, cfg, draft, history, seconds, peak)
+    (out / "README.md").write_text(card)
+    summary = {"out": str(out), "loss": extra["loss"], "seconds": seconds, "peak_memory_gb": peak,
+               "data": data.meta, "draft": draft.cfg.__dict__, "train": cfg.__dict__,
+               "trend": {a: tr.trend(history, a) for a in ("loss", "kl", "eal", "wtv")},
+               "history": [h.__dict__ for h in history]}
+    (k0, k1), (e0, e1), (w0, w1) = (summary["trend"][a] for a in ("kl", "eal", "wtv"))
+    err.print(f"wrote {out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"
+              f"KL {k0:.3f} -> {k1:.3f}; expected accepted per {window}-window: greedy {e0:.2f} -> {e1:.2f}, "
+              f"T={temp:g} {w0:.2f} -> {w1:.2f}")
+    _write_json(summary, json_out)
+
+
+@app.command("eval-draft")
+@friendly
+def eval_draft(
+    draft: str = typer.Option("default", "--draft", "-d", help="Draft folder, registry draft name or any drafter spec."),
+    model: str = ModelOpt,
+    ks: str = typer.Option("3,5,8", "--k", "-k", help="Draft lengths to evaluate (list or range)."),
+    temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures (repeat the option)."),
+    per_category: int = typer.Option(1, help="Held-out Spec-Bench prompts per category."),
+    max_tokens: int = typer.Option(48, "--max-tokens", "-n", help="New tokens per prompt."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    dtype: str = DtypeOpt,
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
+) -> None:
+    """Mean accepted length per step (tau) and per-position acceptance of a draft, greedy and
+    sampled, with the real engine on held-out prompts."""
+    from . import evaldraft as ev
+    from .sweep import parse_ks
+
+    if max_tokens <= 0:
+        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    with _progress() as bar:
+        task = bar.add_task("eval", total=None)
+        result = ev.eval_draft(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, seed, dtype,
+                               progress=lambda i, n, label: bar.update(task, completed=i, total=n, description=label))
+    ev.print_eval(result, Console())
+    _write_json(result, json_out)
+
+
+@app.command("export-draft")
+@friendly
+def export_draft(
+    draft: str = typer.Option("default", "--draft", "-d", help="Draft folder or registry draft name."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write the standalone mlx-lm model to."),
+    model: str = ModelOpt,
+) -> None:
+    """Write a trained draft as a standalone mlx-lm model folder (embeddings included), usable
+    as `mlx_lm.generate --draft-model OUT`."""
+    from .draft import export_mlx_lm, resolve_draft
+    from .loading import load
+
+    target = load(model, "float32")
+    path = export_mlx_lm(resolve_draft(draft, target), target, out)
+    err.print(f"wrote {path} (mlx-lm llama folder; try: mlx_lm.generate --model <target> --draft-model {path})")
+
+
 def main() -> None:
     app()
 

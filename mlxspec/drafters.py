@@ -120,16 +120,30 @@ class NgramDrafter:
         pass
 
 
+def _float_dtype(target) -> mx.Dtype:
+    """A trained draft runs in float16 beside a quantized (GPU) or half target, else float32."""
+    return {"float16": mx.float16, "bfloat16": mx.bfloat16, "quantized": mx.float16}.get(target.dtype, mx.float32)
+
+
 def parse_k(k: int) -> int:
     if not 1 <= k <= MAX_K:
         raise MlxspecError(f"--k must be in 1..{MAX_K}, got {k}")
     return k
 
 
+DEFAULT_FALLBACK = "ngram:3"  # for targets the registry ships no draft for
+
+
 def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
-    """``none``, ``ngram[:N]``, ``self:L`` or a draft model path (``LoadedModel`` target)."""
+    """``default``, ``none``, ``ngram[:N]``, ``self:L``, a registry draft name, a trained
+    draft folder or a draft model path (``LoadedModel`` target)."""
+    from . import store
+
     if spec in ("none", ""):
         return None
+    if spec == "default":
+        name = store.default_draft(target.name)
+        return make_drafter(name or DEFAULT_FALLBACK, target, dtype)
     if spec == "ngram" or spec.startswith("ngram:"):
         n = spec.partition(":")[2] or "3"
         if not n.isdigit():
@@ -141,8 +155,14 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
         if not layers.isdigit() or not 1 <= int(layers) < total:
             raise MlxspecError(f"bad drafter {spec!r}: self:L needs 1 <= L < {total} (the target's layers)")
         return ModelDrafter(target.model, spec, num_layers=int(layers))
+    from pathlib import Path
+
+    from .draft import is_draft_folder, load_draft
     from .loading import check_compatible, load
 
+    folder = store.draft_path(spec) or Path(spec).expanduser()
+    if is_draft_folder(folder):
+        return ModelDrafter(load_draft(folder, target, _float_dtype(target)), spec)
     draft = load(spec, dtype)
     check_compatible(target.tokenizer, draft.tokenizer)
     return ModelDrafter(draft.model, draft.name)

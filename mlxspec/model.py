@@ -63,20 +63,22 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
 
-    def __call__(self, x: mx.array, mask, cache: KVCache, positions: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, mask, cache: KVCache | None, positions: mx.array | None) -> mx.array:
         cfg = self.cfg
         B, L, _ = x.shape
         q = self.q_proj(x).reshape(B, L, cfg.num_heads, -1).transpose(0, 2, 1, 3)
         k = self.k_proj(x).reshape(B, L, cfg.num_kv_heads, -1).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(B, L, cfg.num_kv_heads, -1).transpose(0, 2, 1, 3)
         if positions is None:
+            offset = 0 if cache is None else cache.offset
             rope = dict(traditional=cfg.rope_traditional, base=cfg.rope_theta, scale=1.0)
-            q = mx.fast.rope(q, cfg.head_dim, offset=cache.offset, **rope)
-            k = mx.fast.rope(k, cfg.head_dim, offset=cache.offset, **rope)
+            q = mx.fast.rope(q, cfg.head_dim, offset=offset, **rope)
+            k = mx.fast.rope(k, cfg.head_dim, offset=offset, **rope)
         else:
             q = rope_at(q, positions, cfg.rope_theta, cfg.rope_traditional)
             k = rope_at(k, positions, cfg.rope_theta, cfg.rope_traditional)
-        k, v = cache.update_and_fetch(k, v)
+        if cache is not None:  # None: a whole sequence at once (training), nothing kept
+            k, v = cache.update_and_fetch(k, v)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=cfg.head_dim**-0.5, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
@@ -138,7 +140,7 @@ class Llama(nn.Module):
     def __call__(
         self,
         tokens: mx.array,
-        cache: list[KVCache],
+        cache: list[KVCache] | None,
         mask: mx.array | str | None = None,
         positions: mx.array | None = None,
         num_layers: int | None = None,
@@ -146,7 +148,7 @@ class Llama(nn.Module):
         if mask is None and tokens.shape[1] > 1:
             mask = "causal"
         h = self.model.embed_tokens(tokens)
-        for layer, c in zip(self.layers[:num_layers], cache):
+        for layer, c in zip(self.layers[:num_layers], cache or [None] * len(self.layers)):
             h = layer(h, mask, c, positions)
         h = self.model.norm(h)
         if self.cfg.tie_embeddings:

@@ -65,6 +65,17 @@ def default_target() -> str:
     return _registry()["default_target"]
 
 
+def draft_path(name: str) -> Path | None:
+    """A draft shipped in ``models/`` (registry ``drafts``), by name."""
+    d = _registry().get("drafts", {}).get(name)
+    return REGISTRY_PATH.parent / d["folder"] if d else None
+
+
+def default_draft(target: str) -> str | None:
+    """The registry's default draft for a target name, if it has one."""
+    return _registry().get("default_drafts", {}).get(target)
+
+
 def entry(name: str) -> ModelEntry | None:
     return next((e for e in entries() if e.name == name), None)
 

@@ -1,0 +1,114 @@
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny import VOCAB, save_tiny, tiny_draft, tiny_target
+
+from mlxspec.draft import (DraftConfig, DraftModel, full_head, is_draft_folder, load_draft, read_config,
+                           save_draft, tokenizer_fingerprint)
+from mlxspec.drafters import ModelDrafter
+from mlxspec.engine import generate, generate_plain
+from mlxspec.errors import MlxspecError
+from mlxspec.events import Step
+from mlxspec.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def test_config_rejects_bad_shapes(target):
+    fp = tokenizer_fingerprint(target.tokenizer)
+    for bad in (dict(num_layers=0), dict(num_layers=5), dict(head_vocab=VOCAB + 1), dict(head_vocab=0),
+                dict(hidden_size=48), dict(init="magic")):
+        with pytest.raises(MlxspecError):
+            DraftConfig.for_target(target.config, fp, **bad)
+    # Another width is fine when nothing is copied from the target.
+    assert DraftConfig.for_target(target.config, fp, hidden_size=48, num_heads=4, num_kv_heads=2,
+                                  init="random").hidden_size == 48
+
+
+def test_logits_are_minus_inf_outside_the_head_vocabulary(target):
+    draft = tiny_draft(target, head_ids=range(1, VOCAB, 3))
+    tokens = mx.array([[5, 9, 2, 7]])
+    full = draft(tokens, None)
+    reduced = draft.reduced_logits(tokens)
+    ids = np.arange(1, VOCAB, 3)
+    outside = np.setdiff1d(np.arange(VOCAB), ids)
+    assert full.shape == (1, 4, VOCAB)
+    assert np.all(np.isneginf(np.array(full)[..., outside]))
+    np.testing.assert_allclose(np.array(full)[..., ids], np.array(reduced), rtol=1e-6)
+    assert set(np.array(mx.argmax(full, axis=-1)).ravel()) <= set(ids)
+
+
+def test_init_copies_the_targets_first_block_and_head_rows(target):
+    draft = tiny_draft(target, head_ids=range(0, VOCAB, 2), layers=2)
+    np.testing.assert_array_equal(np.array(draft.layers[1].mlp.up_proj.weight),
+                                  np.array(target.model.layers[1].mlp.up_proj.weight))
+    np.testing.assert_array_equal(np.array(draft.lm_head.weight),
+                                  np.array(target.model.model.embed_tokens.weight)[::2])
+
+
+def test_cached_decoding_matches_a_full_pass(target):
+    draft = tiny_draft(target)
+    seq = mx.array([[3, 8, 1, 4, 6, 2]])
+    whole = draft.reduced_logits(seq)
+    cache = draft.make_cache()
+    draft.reduced_logits(seq[:, :4], cache)
+    step = draft.reduced_logits(seq[:, 4:5], cache)
+    np.testing.assert_allclose(np.array(step[0, 0]), np.array(whole[0, 4]), rtol=1e-4, atol=1e-5)
+
+
+def test_save_load_round_trip_stores_only_the_drafts_own_weights(tmp_path, target):
+    draft = tiny_draft(target)
+    path = save_draft(draft, tmp_path / "d", dtype="float32")
+    assert is_draft_folder(path)
+    stored = mx.load(str(path / "draft.safetensors"))
+    assert not any("embed" in k for k in stored)  # the embedding table is the target's
+    loaded = load_draft(path, target)
+    tokens = mx.array([[4, 2, 9]])
+    np.testing.assert_allclose(np.array(loaded(tokens, None)), np.array(draft(tokens, None)), rtol=1e-6)
+    assert loaded.num_params() == draft.num_params()
+
+
+def test_load_refuses_a_draft_for_another_tokenizer(tmp_path, target):
+    path = save_tiny(tmp_path, target)
+    other = tiny_target(vocab={f"x{i}": i for i in range(VOCAB)})
+    with pytest.raises(MlxspecError, match="different tokenizer"):
+        load_draft(path, other)
+
+
+def test_load_refuses_another_architecture(tmp_path, target):
+    path = save_tiny(tmp_path, target)
+    meta = json.loads((path / "config.json").read_text())
+    meta["draft"]["num_experts"] = 8
+    (path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(MlxspecError, match="unknown fields"):
+        read_config(path)
+    meta["draft"].pop("num_experts")
+    meta["draft"]["num_layers"] = 2  # weights hold one block
+    (path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(MlxspecError, match="do not match"):
+        load_draft(path, target)
+
+
+def test_full_head_places_rows_at_their_ids(target):
+    draft = tiny_draft(target, head_ids=[3, 10, 40])
+    w = np.array(full_head(draft))
+    np.testing.assert_array_equal(w[[3, 10, 40]], np.array(draft.lm_head.weight))
+    assert not w[[0, 1, 2, 63]].any()
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_speculative_greedy_with_a_reduced_head_draft_equals_target_only(target, k):
+    """Exactness does not depend on the draft: q = 0 outside the head just means those
+    tokens are never proposed."""
+    draft = tiny_draft(target, head_ids=range(0, VOCAB, 2))
+    prompt, params = [5, 3, 9, 12], SamplingParams()
+    plain = [t.id for e in generate_plain(target.model, prompt, params, 30, set(), 512) if isinstance(e, Step)
+             for t in e.tokens]
+    spec_events = list(generate(target.model, prompt, params, 30, set(), 512, drafter=ModelDrafter(draft, "d"), k=k))
+    spec = [i for e in spec_events if isinstance(e, Step) for i in e.emitted]
+    assert spec == plain

@@ -1,0 +1,117 @@
+import dataclasses
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from tiny import tiny_data, tiny_draft, tiny_target
+
+from mlxspec.draft import load_draft
+from mlxspec.errors import MlxspecError
+from mlxspec.train import TrainConfig, batch_order, train, trend
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def data(target):
+    return tiny_data(target, sequences=12, prompt=5, gen=10)
+
+
+def weights(model) -> dict[str, np.ndarray]:
+    return {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+
+
+def test_bad_settings_are_refused():
+    for bad in (dict(k=0), dict(loss="ce"), dict(temp=0.0), dict(steps=0), dict(grpo_steps=2, grpo_group=1),
+                dict(grpo_reward="best")):
+        with pytest.raises(MlxspecError):
+            TrainConfig(**bad).validate()
+
+
+@pytest.mark.parametrize("loss,watch,better", [("kl", "kl", "lower"), ("eal", "eal", "higher"),
+                                                ("wtv", "wtv", "higher")])
+def test_each_loss_improves_its_own_objective(tmp_path, target, data, loss, watch, better):
+    draft = tiny_draft(target, layers=1, init="random")
+    cfg = TrainConfig(loss=loss, steps=60, batch=4, lr=3e-3, warmup=5, kl_anneal=0.3, k=3)
+    history = train(draft, data, cfg, tmp_path / loss)
+    first, last = trend(history, watch)
+    assert (last < first) if better == "lower" else (last > first), (first, last)
+    assert (tmp_path / loss / "draft.safetensors").is_file()
+
+
+def test_training_is_deterministic_and_resume_continues_the_same_run(tmp_path, target, data):
+    cfg = TrainConfig(loss="wtv", steps=12, batch=4, lr=1e-3, warmup=2, checkpoint_every=6, k=3, seed=7)
+    a = tiny_draft(target, init="random")
+    full = train(a, data, cfg, tmp_path / "a")
+    b = tiny_draft(target, init="random")
+    train(b, data, cfg, tmp_path / "b")
+    assert weights(a).keys() == weights(b).keys()
+    for k, v in weights(a).items():
+        np.testing.assert_array_equal(v, weights(b)[k])
+
+    # Interrupted during step 7, after the checkpoint at step 6, then resumed.
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_7(h, total):
+        if h.step == 7:
+            raise Interrupt
+
+    c = tiny_draft(target, init="random")
+    with pytest.raises(Interrupt):
+        train(c, data, cfg, tmp_path / "c", progress=stop_at_7)
+    d = tiny_draft(target, init="random", seed=99)  # the checkpoint, not the init, must decide
+    resumed = train(d, data, cfg, tmp_path / "c", resume=True)
+    assert [h.step for h in resumed] == list(range(1, 13))
+    for k, v in weights(a).items():
+        np.testing.assert_allclose(v, weights(d)[k], rtol=1e-5, atol=1e-6)
+    assert [round(h.loss, 4) for h in resumed] == [round(h.loss, 4) for h in full]
+
+
+def test_resume_refuses_another_architecture_or_recipe(tmp_path, target, data):
+    cfg = TrainConfig(loss="kl", steps=2, batch=4, checkpoint_every=1)
+    train(tiny_draft(target, layers=1), data, cfg, tmp_path / "x")
+    with pytest.raises(MlxspecError, match="another architecture"):
+        train(tiny_draft(target, layers=2), data, cfg, tmp_path / "x", resume=True)
+    with pytest.raises(MlxspecError, match="other settings"):
+        train(tiny_draft(target, layers=1), data, dataclasses.replace(cfg, lr=1.0), tmp_path / "x", resume=True)
+    with pytest.raises(MlxspecError, match="no readable checkpoint"):
+        train(tiny_draft(target), data, cfg, tmp_path / "empty", resume=True)
+
+
+def test_nan_loss_stops_naming_the_step(tmp_path, target, data):
+    poisoned = dataclasses.replace(data, teacher_logp=np.full_like(data.teacher_logp, np.nan))
+    with pytest.raises(MlxspecError, match="distill step 1"):
+        train(tiny_draft(target), poisoned, TrainConfig(loss="kl", steps=3, batch=4), tmp_path / "n")
+
+
+def test_tiny_dataset_is_refused(tmp_path, target):
+    small = tiny_data(target, sequences=2, prompt=4, gen=5)
+    with pytest.raises(MlxspecError, match="at least 64"):
+        train(tiny_draft(target), small, TrainConfig(steps=2), tmp_path / "s")
+
+
+def test_batch_order_is_epochs_of_permutations():
+    order = batch_order(10, steps=5, batch=4, seed=1)
+    assert order.shape == (5, 4)
+    assert sorted(order.ravel()[:10].tolist()) == list(range(10))
+    np.testing.assert_array_equal(order, batch_order(10, 5, 4, 1))
+
+
+@pytest.mark.parametrize("reward", ["greedy", "sampling"])
+def test_grpo_stage_runs_scores_with_the_target_and_saves(tmp_path, target, data, reward):
+    cfg = TrainConfig(loss="wtv", steps=4, batch=4, k=3, grpo_steps=3, grpo_group=4, grpo_contexts=2,
+                      grpo_reward=reward, lr=1e-3)
+    draft = tiny_draft(target)
+    history = train(draft, data, cfg, tmp_path / "g", target=target)
+    grpo = [h for h in history if h.stage == "grpo"]
+    assert len(grpo) == 3 and all(0.0 <= h.reward <= cfg.k for h in grpo)
+    assert all(np.isfinite(h.loss) for h in grpo)
+    loaded = load_draft(tmp_path / "g", target)
+    np.testing.assert_allclose(np.array(loaded.lm_head.weight), np.array(draft.lm_head.weight), atol=2e-3)
+    with pytest.raises(MlxspecError, match="needs the target"):
+        train(tiny_draft(target), data, cfg, tmp_path / "h")

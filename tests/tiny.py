@@ -1,0 +1,72 @@
+"""A tiny random llama target and distillation set, for draft tests that need no real model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+
+from mlxspec.distill import DistillSet
+from mlxspec.draft import DraftConfig, DraftModel, init_from_target
+from mlxspec.model import Llama, LlamaConfig
+
+VOCAB = 64
+
+
+class _Vocab:
+    def __init__(self, tokens: dict[str, int]):
+        self.tokens = tokens
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.tokens)
+
+
+def tiny_target(seed: int = 0, vocab: dict[str, int] | None = None) -> SimpleNamespace:
+    """Just what draft code reads of a ``LoadedModel``."""
+    mx.random.seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
+                      intermediate_size=64, rope_theta=10000.0)
+    model = Llama(cfg)
+    mx.eval(model.parameters())
+    tok = SimpleNamespace(_tokenizer=_Vocab(vocab or {f"t{i}": i for i in range(VOCAB)}), eos_token_ids={0})
+    return SimpleNamespace(model=model, tokenizer=tok, name="tiny", config=cfg, dtype="float32")
+
+
+def tiny_draft(target, head_ids=range(0, VOCAB, 2), layers: int = 1, init: str = "target", seed: int = 0) -> DraftModel:
+    from mlxspec.draft import tokenizer_fingerprint
+
+    mx.random.seed(seed)
+    cfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=layers,
+                                 head_vocab=len(head_ids), init=init)
+    draft = DraftModel(cfg, mx.array(list(head_ids)), target.model.model.embed_tokens)
+    if init == "target":
+        init_from_target(draft, target.model)
+    mx.eval(draft.parameters())
+    return draft
+
+
+def tiny_data(target, head_ids=range(0, VOCAB, 2), sequences: int = 12, prompt: int = 5, gen: int = 10,
+              seed: int = 0) -> DistillSet:
+    """Random prompts continued greedily by the tiny target, with its exact teacher rows."""
+    rng = np.random.default_rng(seed)
+    ids = mx.array(list(head_ids))
+    seqs, logps, argmaxes = [], [], []
+    for _ in range(sequences):
+        seq = rng.integers(1, VOCAB, size=prompt).tolist()
+        for _ in range(gen):
+            seq.append(int(mx.argmax(target.model(mx.array([seq]), None)[0, -1]).item()))
+        logits = target.model(mx.array([seq[:-1]]), None)[0, prompt - 1 :]
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        seqs.append(np.array(seq, np.int32))
+        logps.append(np.array(logp[:, ids].astype(mx.float16)))
+        argmaxes.append(np.array(mx.argmax(logits, axis=-1)).astype(np.int32))
+    return DistillSet(seqs, np.full(sequences, prompt), np.array(list(head_ids), np.int32),
+                      np.concatenate(logps), np.concatenate(argmaxes), {"target": target.name})
+
+
+def save_tiny(tmp_path: Path, target, name: str = "d") -> Path:
+    from mlxspec.draft import save_draft
+
+    return save_draft(tiny_draft(target), tmp_path / name, dtype="float32")
