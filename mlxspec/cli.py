@@ -60,7 +60,7 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
 
 
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file or mlx-lm folder.")
-DraftOpt = typer.Option("none", "--draft", "-d", help="Drafter: none, ngram[:N] (prompt lookup), self:L (target's first L layers), or a draft model path.")
+DraftOpt = typer.Option("default", "--draft", "-d", help="Drafter: default (the registry's trained draft for the target, else ngram:3), none, ngram[:N] (prompt lookup), self:L (target's first L layers), a trained draft folder or a draft model path.")
 KOpt = typer.Option(4, "--k", "-k", help="Draft tokens per step (1..64).")
 DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
 
@@ -189,11 +189,22 @@ def _write_json(result: dict, path: Optional[Path]) -> None:
         err.print(f"[dim]wrote {path}[/]")
 
 
+def _named_draft(draft: str, target: str) -> str:
+    """``default`` as the drafter it stands for, so screens show a real name."""
+    from . import store
+    from .drafters import DEFAULT_FALLBACK
+    from .loading import resolve
+
+    if draft != "default":
+        return draft
+    return store.default_draft(resolve(target)[0]) or DEFAULT_FALLBACK
+
+
 @app.command()
 @friendly
 def chat(
     target: str = typer.Option("default", "--target", "-m", help="Registry name, .gguf file or mlx-lm folder."),
-    draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter: none, ngram[:N], self:L or a draft model path (cycle with a key)."),
+    draft: str = typer.Option("default", "--draft", "-d", help="Drafter: default, none, ngram[:N], self:L or a draft path (cycle with a key)."),
     k: int = KOpt,
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
@@ -204,7 +215,7 @@ def chat(
     correction, bonus, plain), with acceptance statistics and speed beside them."""
     from tui.app import run_chat
 
-    run_chat(target, draft, k, temp, top_p, max_tokens, dtype)
+    run_chat(target, _named_draft(draft, target), k, temp, top_p, max_tokens, dtype)
 
 
 @app.command()
@@ -212,7 +223,7 @@ def chat(
 def bench(
     baseline: bool = typer.Option(False, "--baseline", help="Target-only decode speed: mlxspec vs mlx-lm's stream_generate, and the memory-bandwidth floor."),
     model: str = ModelOpt,
-    draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter to benchmark (see `generate --help`)."),
+    draft: str = typer.Option("default", "--draft", "-d", help="Drafter to benchmark (see `generate --help`)."),
     k: int = KOpt,
     temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures to run (repeat the option)."),
     categories: Optional[list[str]] = typer.Option(None, "--category", help="Spec-Bench categories to run (repeatable; default all six)."),
@@ -300,7 +311,7 @@ def verify(
 def sweep(
     ks: str = typer.Option("1..8", "--k", "-k", help="Draft lengths: a range (1..8), a list (1,2,4,8) or both (1..3,8)."),
     model: str = ModelOpt,
-    draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter to sweep (see `generate --help`)."),
+    draft: str = typer.Option("default", "--draft", "-d", help="Drafter to sweep (see `generate --help`)."),
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="Prompts from a file (one per line, or jsonl with 'turns')."),
@@ -323,6 +334,7 @@ def sweep(
 
     k_list = sw.parse_ks(ks)
     SamplingParams(temp, top_p)
+    draft = _named_draft(draft, model)
     options = dict(model_spec=model, draft=draft, temp=temp, top_p=top_p, prompts_file=prompts_file,
                    per_category=per_category, categories=categories, max_tokens=max_tokens, warmup=warmup,
                    repeats=repeats, seed=seed, dtype=dtype)
@@ -395,6 +407,8 @@ def train_draft(
                          grpo_steps=grpo_steps if grpo else 0, grpo_group=grpo_group, grpo_reward=grpo_reward,
                          grpo_contexts=2 if quick else 4, seed=seed, checkpoint_every=checkpoint_every)
     cfg.validate()
+    if resume:
+        tr.checkpoint_stage(out)  # fails now, not after the data is built
     t0 = time.perf_counter()
     target = load(model, "float32")
     dcfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=layers,
@@ -426,11 +440,19 @@ def train_draft(
         def progress(h, total: int) -> None:
             bar.update(task, completed=h.step, loss=h.loss, kl=h.kl, eal=h.eal, wtv=h.wtv, tps=h.tokens_per_s,
                        description=f"{h.stage} {extra['loss']}")
+            if not err.is_terminal and (h.step % 10 == 0 or h.step == total):  # logs get lines, not a bar
+                err.print(f"{h.stage} step {h.step}/{total} loss {h.loss:.4f} kl {h.kl:.3f} "
+                          f"E[acc] greedy {h.eal:.2f} T {h.wtv:.2f} {h.tokens_per_s:.0f} tok/s "
+                          f"{time.perf_counter() - t0:.0f}s")
 
         history = tr.train(draft, data, cfg, out, target=target, resume=resume, progress=progress, extra=extra)
     seconds = time.perf_counter() - t0
     peak = tr.peak_memory_gb()
-    command = "mlxspec " + " ".join(sys.argv[1:])
+    command = (f"mlxspec train-draft --loss {loss}" + (f" --grpo --grpo-steps {cfg.grpo_steps} --grpo-group {cfg.grpo_group}"
+                                                      if grpo else "")
+               + f" --layers {dcfg.num_layers} --head-vocab {dcfg.head_vocab} --init {dcfg.init} --window {window}"
+               f" --temp {temp:g} --steps {cfg.steps} --batch {cfg.batch} --lr {lr:g} --prompts {prompts}"
+               f" --max-new-tokens {max_new_tokens} --seed {seed} --out {out}")
     card = tr.model_card(out.name, command, data, cfg, draft, history, seconds, peak)
     (out / "README.md").write_text(card)
     summary = {"out": str(out), "loss": extra["loss"], "seconds": seconds, "peak_memory_gb": peak,
@@ -452,6 +474,7 @@ def eval_draft(
     ks: str = typer.Option("3,5,8", "--k", "-k", help="Draft lengths to evaluate (list or range)."),
     temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures (repeat the option)."),
     per_category: int = typer.Option(1, help="Held-out Spec-Bench prompts per category."),
+    categories: Optional[list[str]] = typer.Option(None, "--category", help="Spec-Bench categories (repeatable; default all six)."),
     max_tokens: int = typer.Option(48, "--max-tokens", "-n", help="New tokens per prompt."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = DtypeOpt,
@@ -466,7 +489,7 @@ def eval_draft(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     with _progress() as bar:
         task = bar.add_task("eval", total=None)
-        result = ev.eval_draft(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, seed, dtype,
+        result = ev.eval_draft(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype,
                                progress=lambda i, n, label: bar.update(task, completed=i, total=n, description=label))
     ev.print_eval(result, Console())
     _write_json(result, json_out)

@@ -25,6 +25,7 @@ def eval_draft(
     temps: Sequence[float] = (0.0, 1.0),
     per_category: int = 1,
     max_tokens: int = 48,
+    categories: Sequence[str] | None = None,
     seed: int = 0,
     dtype: str = "auto",
     progress: Callable[[int, int, str], None] | None = None,
@@ -33,7 +34,7 @@ def eval_draft(
         parse_k(k)
     if not ks or not temps:
         raise MlxspecError("eval-draft needs at least one K and one temperature")
-    items, note = spec_bench_prompts(None, per_category)
+    items, note = spec_bench_prompts(list(categories) if categories else None, per_category)
     lm, drafter, stop, ids = prepare_speculative_run(
         target, draft, dtype, items, max_tokens, no_drafter="eval-draft needs a drafter, got 'none'")
     total, done = len(ks) * len(temps) * len(ids), 0

@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
 from . import losses as L
 from .distill import DistillSet, batch_arrays
@@ -123,8 +123,12 @@ def _load_checkpoint(out: Path, draft: DraftModel, opt: optim.Optimizer, cfg: Tr
         diff = [f.name for f in fields(saved_cfg) if getattr(saved_cfg, f.name) != getattr(draft.cfg, f.name)]
         raise MlxspecError(f"--resume: the checkpoint in {out} is another architecture (differs in {', '.join(diff)})")
     state = json.loads((ck / "state.json").read_text())
-    if state["train"] != asdict(cfg):
-        diff = [k for k in state["train"] if state["train"][k] != asdict(cfg).get(k)]
+    # Settings that have not acted yet may change: GRPO ones while still distilling (so a
+    # finished distillation can be extended with a GRPO stage), and checkpoint spacing.
+    free = {"checkpoint_every"} | ({f.name for f in fields(cfg) if f.name.startswith("grpo_")}
+                                   if state["stage"] == "distill" else set())
+    diff = [k for k, v in asdict(cfg).items() if k not in free and state["train"].get(k) != v]
+    if diff:
         raise MlxspecError(f"--resume: the checkpoint was trained with other settings ({', '.join(diff)})")
     w = mx.load(str(ck / "draft.safetensors"))
     w.pop("vocab_ids")
@@ -135,7 +139,7 @@ def _load_checkpoint(out: Path, draft: DraftModel, opt: optim.Optimizer, cfg: Tr
     return state["step"], state["stage"], [StepLog(**h) for h in state["history"]]
 
 
-def _checkpoint_stage(out: Path) -> str:
+def checkpoint_stage(out: Path) -> str:
     try:
         return json.loads((out / CHECKPOINT / "state.json").read_text())["stage"]
     except (OSError, ValueError, KeyError):
@@ -247,7 +251,7 @@ def train(draft: DraftModel, data: DistillSet, cfg: TrainConfig, out: Path, targ
     history: list[StepLog] = []
     start, stage = 0, "distill"
     if resume:
-        stage = _checkpoint_stage(out)
+        stage = checkpoint_stage(out)
     opt = optim.AdamW(learning_rate=lr_schedule(cfg) if stage == "distill" else cfg.grpo_lr, weight_decay=0.0)
     if resume:
         start, stage, history = _load_checkpoint(out, draft, opt, cfg)

@@ -11,3 +11,21 @@ def lm():
     if not store.entry(store.default_target()).present:
         pytest.fail("default model missing: run `make setup` (or `mlxspec models pull`) first")
     return loading.load("default")
+
+
+@pytest.fixture(scope="session")
+def quick_draft(tmp_path_factory):
+    """A draft trained by `mlxspec train-draft --quick --loss wtv --grpo` on the real target
+    (about a minute), with the run's JSON summary."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    out = tmp_path_factory.mktemp("drafts") / "quick-wtv"
+    summary = out.with_suffix(".json")
+    r = CliRunner().invoke(app, ["train-draft", "--quick", "--loss", "wtv", "--grpo", "--out", str(out),
+                                 "--json", str(summary)])
+    assert r.exit_code == 0, r.output
+    return out, json.loads(summary.read_text())

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tiny import VOCAB, save_tiny, tiny_draft, tiny_target
 
-from mlxspec.draft import (DraftConfig, DraftModel, full_head, is_draft_folder, load_draft, read_config,
+from mlxspec.draft import (DraftConfig, full_head, is_draft_folder, load_draft, read_config,
                            save_draft, tokenizer_fingerprint)
 from mlxspec.drafters import ModelDrafter
 from mlxspec.engine import generate, generate_plain
@@ -111,4 +111,52 @@ def test_speculative_greedy_with_a_reduced_head_draft_equals_target_only(target,
              for t in e.tokens]
     spec_events = list(generate(target.model, prompt, params, 30, set(), 512, drafter=ModelDrafter(draft, "d"), k=k))
     spec = [i for e in spec_events if isinstance(e, Step) for i in e.emitted]
+    assert spec == plain
+
+
+@pytest.mark.model
+def test_trained_draft_on_the_real_target_is_exact_and_accepted(lm, quick_draft):
+    from mlxspec.drafters import make_drafter
+    from mlxspec.tokenizer import encode_prompt
+
+    out, _ = quick_draft
+    drafter = make_drafter(str(out), lm)
+    ids = encode_prompt(lm.tokenizer, "Write a Python function that adds two numbers.")
+    stop = set(lm.tokenizer.eos_token_ids)
+    plain = [i for e in generate_plain(lm.model, ids, SamplingParams(), 40, stop, lm.context_length)
+             if isinstance(e, Step) for i in e.emitted]
+    steps = [e for e in generate(lm.model, ids, SamplingParams(), 40, stop, lm.context_length, drafter=drafter, k=4)
+             if isinstance(e, Step)]
+    assert [i for s in steps for i in s.emitted] == plain
+    assert sum(s.accepted for s in steps) > 0
+
+
+@pytest.mark.model
+def test_export_gives_an_mlx_lm_draft_model(tmp_path, lm, quick_draft):
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.utils import load as mlx_lm_load
+
+    from mlxspec.loading import to_mlx_lm
+    from mlxspec.tokenizer import encode_prompt
+
+    out, _ = quick_draft
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    r = CliRunner().invoke(app, ["export-draft", "--draft", str(out), "--out", str(tmp_path / "mlx")])
+    assert r.exit_code == 0, r.output
+    ref_draft, _ = mlx_lm_load(str(tmp_path / "mlx"))
+    ours = load_draft(out, lm)
+    ids = encode_prompt(lm.tokenizer, "Name three colours.")
+    # Same next-token choice as our reduced head wherever its best logit is positive.
+    z_ref = ref_draft(mx.array([ids]))[0]
+    z_ours = ours(mx.array([ids]), None)[0]
+    positive = np.array(z_ours.max(axis=-1)) > 0
+    assert positive.mean() > 0.5
+    np.testing.assert_array_equal(np.array(mx.argmax(z_ref, -1))[positive], np.array(mx.argmax(z_ours, -1))[positive])
+    target = to_mlx_lm(lm.model)
+    plain = [r.token for r in stream_generate(target, lm.tokenizer, ids, max_tokens=16)]
+    spec = [r.token for r in stream_generate(target, lm.tokenizer, ids, max_tokens=16, draft_model=ref_draft,
+                                            num_draft_tokens=3)]
     assert spec == plain

@@ -1,6 +1,5 @@
 import dataclasses
 
-import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -115,3 +114,53 @@ def test_grpo_stage_runs_scores_with_the_target_and_saves(tmp_path, target, data
     np.testing.assert_allclose(np.array(loaded.lm_head.weight), np.array(draft.lm_head.weight), atol=2e-3)
     with pytest.raises(MlxspecError, match="needs the target"):
         train(tiny_draft(target), data, cfg, tmp_path / "h")
+
+
+def test_a_finished_distillation_can_be_extended_with_grpo(tmp_path, target, data):
+    cfg = TrainConfig(loss="eal", steps=4, batch=4, k=3, checkpoint_every=2)
+    draft = tiny_draft(target)
+    train(draft, data, cfg, tmp_path / "e")
+    more = dataclasses.replace(cfg, grpo_steps=2, grpo_group=4, grpo_contexts=1)
+    history = train(tiny_draft(target, seed=5), data, more, tmp_path / "e", target=target, resume=True)
+    assert [h.stage for h in history] == ["distill"] * 4 + ["grpo"] * 2
+
+
+@pytest.mark.model
+def test_quick_cli_run_on_the_real_target_improves_its_objective_and_writes_a_card(quick_draft):
+    out, summary = quick_draft
+    assert summary["loss"] == "wtv+grpo"
+    (kl0, kl1), (w0, w1) = summary["trend"]["kl"], summary["trend"]["wtv"]
+    assert kl1 < kl0 and w1 > w0
+    assert [h["stage"] for h in summary["history"]].count("grpo") == 4
+    card = (out / "README.md").read_text()
+    assert "mlxspec train-draft --loss wtv --grpo --grpo-steps 4" in card and "peak memory" in card
+    assert summary["peak_memory_gb"] < 8
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("loss,watch", [("kl", "kl"), ("eal", "eal")])
+def test_quick_cli_run_for_each_loss_decreases_it(tmp_path, quick_draft, loss, watch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    r = CliRunner().invoke(app, ["train-draft", "--quick", "--loss", loss, "--out", str(tmp_path / loss),
+                                 "--json", str(tmp_path / "s.json")])
+    assert r.exit_code == 0, r.output
+    first, last = json.loads((tmp_path / "s.json").read_text())["trend"][watch]
+    assert (last < first) if watch == "kl" else (last > first), (first, last)
+
+
+@pytest.mark.model
+def test_cli_refuses_bad_training_input(tmp_path):
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    for args, msg in ((["--window", "0"], "window K must be >= 1"), (["--loss", "ce"], "unknown loss"),
+                      (["--layers", "7"], "layers must be in 1..4"), (["--resume"], "no readable checkpoint"),
+                      (["--prompts", "1", "--max-new-tokens", "2", "--head-vocab", "512"], "at least 64 positions")):
+        r = CliRunner().invoke(app, ["train-draft", "--out", str(tmp_path / "o"), *args])
+        assert r.exit_code == 2 and msg in r.output, r.output

@@ -86,7 +86,7 @@ SCRIPT_PIECES = [Piece(text, status) for _, _, pieces in SCRIPT for text, status
 
 
 def fake_app(**kw) -> tuple[ChatApp, FakeSource]:
-    settings = kw.pop("settings", Settings())
+    settings = kw.pop("settings", Settings(draft="ngram:3"))
     src = FakeSource(**kw)
     return ChatApp(src, settings, clock=src.clock), src
 

@@ -14,7 +14,7 @@ from .source import Settings
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tui", description="mlxspec chat: speculative decoding, live.")
     ap.add_argument("--target", default="default", help="registry name, .gguf file or mlx-lm folder")
-    ap.add_argument("--draft", default="ngram:3", help="none, ngram[:N], self:L or a draft model path")
+    ap.add_argument("--draft", default="default", help="default, none, ngram[:N], self:L or a draft path")
     ap.add_argument("--k", type=int, default=4, help="draft tokens per step")
     ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")

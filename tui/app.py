@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -27,6 +26,7 @@ from textual.worker import get_current_worker
 from mlxspec.errors import MlxspecError
 from mlxspec.events import Done, Step
 
+from .threads import wait_for_thread_exit
 from .messages import (ModelFailed, ModelReady, StepData, StepGenerated, TurnEnded, TurnFailed, TurnResult,
                        step_data)
 from .source import DRAFTERS, K_MAX, K_MIN, TEMPERATURES, ModelInfo, ModelSource, Settings, Source
@@ -292,22 +292,8 @@ class ChatApp(App[None], inherit_bindings=False):
         self.query_one(Legend).set_show_rejected(show)
 
     def wait_for_worker_exit(self, timeout: float = 2.0) -> None:
-        """Call after ``run()`` returns, before the process exits.
-
-        The worker thread has ended as far as Python knows, but the OS thread may still be
-        running MLX's thread-local destructors, which take the GIL; if the interpreter is
-        already finalising by then, the process aborts ("terminate called without an active
-        exception", exit status 134; MLX 0.32 on CPython 3.11, about one exit in three after a
-        turn). Wait until the thread is gone (Linux: /proc), or briefly elsewhere."""
-        if self.worker_thread_id is None:
-            return
-        tasks = Path("/proc/self/task")
-        if not tasks.is_dir():
-            time.sleep(0.2)
-            return
-        deadline = time.monotonic() + timeout
-        while (tasks / str(self.worker_thread_id)).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        """Call after ``run()`` returns, before the process exits (see ``wait_for_thread_exit``)."""
+        wait_for_thread_exit(self.worker_thread_id, timeout)
 
     # ------------------------------------------------------------------ helpers
     def _update_header(self) -> None:
@@ -333,7 +319,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self.query_one(StatsPanel).show(self.stats, self.settings, self.baseline, self.running is not None)
 
 
-def run_chat(target: str = "default", draft: str = "ngram:3", k: int = 4, temp: float = 0.0,
+def run_chat(target: str = "default", draft: str = "default", k: int = 4, temp: float = 0.0,
              top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto") -> None:
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
     starts; a model that fails to load is reported inside the UI."""

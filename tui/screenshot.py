@@ -19,6 +19,17 @@ from .widgets import Prompt
 PROMPT = "Here is a Python function:\ndef add(a, b):\n    return a + b\nRewrite it with type hints."
 
 
+def svg_to_png(svg: Path) -> Path | None:
+    """The PNG beside ``svg``, when rsvg-convert is installed."""
+    if not shutil.which("rsvg-convert"):
+        return None
+    # rsvg collapses the SVG's leading non-breaking spaces unless told to preserve space.
+    fixed = re.sub(r"<svg ", '<svg xml:space="preserve" ', svg.read_text(), count=1)
+    png = svg.with_suffix(".png")
+    subprocess.run(["rsvg-convert", "-o", str(png)], input=fixed.encode(), check=True)
+    return png
+
+
 async def _shoot(app: ChatApp, svg: Path, size: tuple[int, int]) -> None:
     async with app.run_test(size=size) as pilot:
         while app.info is None:
@@ -51,11 +62,8 @@ def main() -> None:
     asyncio.run(_shoot(app, svg, (120, 40)))
     app.wait_for_worker_exit()
     print(f"wrote {svg}")
-    if shutil.which("rsvg-convert"):
-        # rsvg collapses the SVG's leading non-breaking spaces unless told to preserve space.
-        fixed = re.sub(r"<svg ", '<svg xml:space="preserve" ', svg.read_text(), count=1)
-        png = out.with_suffix(".png")
-        subprocess.run(["rsvg-convert", "-o", str(png)], input=fixed.encode(), check=True)
+    png = svg_to_png(svg)
+    if png:
         print(f"wrote {png}")
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from mlxspec.loading import LoadedModel
 
 # What the keys cycle through; a --draft / --temp from the command line is added if missing.
-DRAFTERS: tuple[str, ...] = ("none", "ngram:3", "self:8", "self:15")
+DRAFTERS: tuple[str, ...] = ("default", "none", "ngram:3", "self:8")
 TEMPERATURES: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0)
 K_MIN, K_MAX = 1, MAX_K
 
@@ -30,7 +30,7 @@ K_MIN, K_MAX = 1, MAX_K
 class Settings:
     """What the next turn runs with. The keys change it; a running turn keeps its own."""
 
-    draft: str = "ngram:3"
+    draft: str = "default"
     k: int = 4
     speculate: bool = True
     temp: float = 0.0

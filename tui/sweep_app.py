@@ -18,10 +18,7 @@ import asyncio
 import io
 import math
 import random
-import re
-import shutil
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +39,8 @@ from textual.widgets import Footer, Header, Label, ProgressBar, Static
 from textual.worker import get_current_worker
 
 from mlxspec.errors import MlxspecError
+
+from .threads import wait_for_thread_exit
 
 Progress = Callable[[int, int, str], None]
 OnRun = Callable[[dict[str, Any]], None]
@@ -346,18 +345,8 @@ class SweepApp(App[None], inherit_bindings=False):
         self.sub_title = "stopping after the current measurement… (q again: quit now)"
 
     def wait_for_worker_exit(self, timeout: float = 2.0) -> None:
-        """Call after ``run()`` returns, before the process exits: as ``ChatApp.wait_for_worker_exit``,
-        wait until the worker's OS thread has finished MLX's thread-local destructors, which
-        abort the process if the interpreter is finalising meanwhile."""
-        if self.worker_thread_id is None:
-            return
-        tasks = Path("/proc/self/task")
-        if not tasks.is_dir():
-            time.sleep(0.2)
-            return
-        deadline = time.monotonic() + timeout
-        while (tasks / str(self.worker_thread_id)).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        """Call after ``run()`` returns, before the process exits (see ``wait_for_thread_exit``)."""
+        wait_for_thread_exit(self.worker_thread_id, timeout)
 
 
 # ----------------------------------------------------------------------------- sources
@@ -522,11 +511,10 @@ def main() -> None:
     asyncio.run(_shoot(app, svg, (cols, rows)))
     app.wait_for_worker_exit()
     print(f"wrote {svg}")
-    if shutil.which("rsvg-convert"):
-        # rsvg collapses the SVG's leading non-breaking spaces unless told to preserve space.
-        fixed = re.sub(r"<svg ", '<svg xml:space="preserve" ', svg.read_text(), count=1)
-        png = out.with_suffix(".png")
-        subprocess.run(["rsvg-convert", "-o", str(png)], input=fixed.encode(), check=True)
+    from .screenshot import svg_to_png
+
+    png = svg_to_png(svg)
+    if png:
         print(f"wrote {png}")
 
 
