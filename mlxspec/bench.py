@@ -608,6 +608,7 @@ def _mlx_lm_peer(lm, draft: str, drafter) -> tuple[Any, Any, str | None, str | N
     from mlx.utils import tree_flatten
 
     from . import loading
+    from .draft import DraftModel, as_llama
     from .drafters import ModelDrafter
     from .model import Llama
 
@@ -624,6 +625,10 @@ def _mlx_lm_peer(lm, draft: str, drafter) -> tuple[Any, Any, str | None, str | N
         small.load_weights(params, strict=True)  # shares the arrays, copies nothing
         src = small
         desc = f"mlx-lm stream_generate with draft_model = the target's first {L} layers + norm + head"
+    elif isinstance(src, DraftModel):
+        src = as_llama(src, lm)
+        desc = (f"mlx-lm stream_generate with draft_model = {draft} as a full-vocabulary llama "
+                "(logit 0 instead of -inf outside its head)")
     else:
         desc = f"mlx-lm stream_generate with draft_model = {draft}"
     ref_target, ref_draft = loading.to_mlx_lm(lm.model), loading.to_mlx_lm(src)

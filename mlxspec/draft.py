@@ -255,20 +255,25 @@ def resolve_draft(spec: str, target) -> Path:
     return path
 
 
-def export_mlx_lm(path: Path, target, out: Path) -> Path:
-    """The draft as a standalone mlx-lm llama folder: the target's embedding table copied in,
-    the reduced head widened to the full vocabulary (see ``full_head``)."""
-    from .loading import export_folder
+def as_llama(draft: DraftModel, target):
+    """The draft as a plain full-vocabulary ``Llama``: the target's embedding table copied in,
+    the reduced head widened (see ``full_head``). What other tools (mlx-lm) can run."""
     from .model import Llama
 
-    draft = load_draft(path, target, mx.float32)
     c = draft.cfg
     if "embed_proj" in draft:
         raise MlxspecError("a draft with its own hidden size has an input projection mlx-lm's llama lacks; "
-                           "only drafts at the target's hidden size export")
+                           "only drafts at the target's hidden size convert")
     model = Llama(replace(c.llama_config(), vocab_size=c.target_vocab))
     weights = {f"model.{k}": v for k, v in tree_flatten(draft.parameters()) if not k.startswith("lm_head")}
     weights["model.embed_tokens.weight"] = target.model.model.embed_tokens(mx.arange(c.target_vocab))
     weights["lm_head.weight"] = full_head(draft)
     model.load_weights(list(weights.items()), strict=True)
-    return export_folder(model, target.tokenizer, out)
+    return model
+
+
+def export_mlx_lm(path: Path, target, out: Path) -> Path:
+    """The draft at ``path`` as a standalone mlx-lm llama folder."""
+    from .loading import export_folder
+
+    return export_folder(as_llama(load_draft(path, target, mx.float32), target), target.tokenizer, out)

@@ -160,3 +160,16 @@ def test_export_gives_an_mlx_lm_draft_model(tmp_path, lm, quick_draft):
     spec = [r.token for r in stream_generate(target, lm.tokenizer, ids, max_tokens=16, draft_model=ref_draft,
                                             num_draft_tokens=3)]
     assert spec == plain
+
+
+def test_as_llama_scores_head_tokens_as_the_draft_and_others_zero(target):
+    from mlxspec.draft import as_llama
+
+    draft = tiny_draft(target, head_ids=range(0, VOCAB, 4), layers=2)
+    plain = as_llama(draft, target)
+    tokens = mx.array([[3, 17, 42, 8]])
+    z_plain, z_draft = np.array(plain(tokens, None)), np.array(draft(tokens, None))
+    ids = np.arange(0, VOCAB, 4)
+    np.testing.assert_allclose(z_plain[..., ids], z_draft[..., ids], rtol=1e-5, atol=1e-5)
+    others = np.setdiff1d(np.arange(VOCAB), ids)
+    assert not z_plain[..., others].any()
