@@ -28,11 +28,11 @@ model: venv
 	$(MLXSPEC) models pull
 
 run: setup
-	$(MLXSPEC) chat --draft ngram:3 --k 4
+	$(MLXSPEC) chat
 
 # The same engine without the UI: stream one answer to stdout.
 generate: setup
-	$(MLXSPEC) generate "$(PROMPT)" --max-tokens 128 --draft ngram:3 --k 4
+	$(MLXSPEC) generate "$(PROMPT)" --max-tokens 128
 
 test: setup
 	$(PY) -m pytest -q

@@ -15,5 +15,5 @@ for loss in eal wtv; do  # the same distillation, then 30 GRPO steps
 done
 for d in kl eal wtv eal-grpo wtv-grpo; do
   $M eval-draft --draft "$OUT/$d" --json "$OUT/eval-$d.json"
-  $M bench --draft "$OUT/$d" --k 5 --per-category 1 --max-tokens 64 --no-mlx-lm --json "$OUT/bench-$d.json"
+  $M bench --draft "$OUT/$d" --k 5 --per-category 1 --category mt_bench --category qa --category math_reasoning --max-tokens 48 --no-mlx-lm --json "$OUT/bench-$d.json"
 done

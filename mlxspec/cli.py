@@ -150,6 +150,10 @@ def models_list(as_json: bool = typer.Option(False, "--json", help="Machine-read
          "size_mb": round(e.size / 1e6, 1), "path": str(e.path), "description": e.description}
         for e in store.entries()
     ]
+    for d in store.drafts():
+        rows.append({"name": d["name"], "present": d["present"], "default": False, "size_mb": round(d["size"] / 1e6, 1),
+                     "path": d["path"], "description": d["description"], "draft_for": d["target"],
+                     "default_draft": store.default_draft(d["target"]) == d["name"]})
     if as_json:
         print(json.dumps({"home": str(store.home()), "models": rows}, indent=2))
         return
@@ -158,7 +162,7 @@ def models_list(as_json: bool = typer.Option(False, "--json", help="Machine-read
         table.add_column(col)
     for r in rows:
         status = "[green]present[/]" if r["present"] else "[yellow]not pulled[/]"
-        name = r["name"] + (" (default)" if r["default"] else "")
+        name = r["name"] + (" (default)" if r["default"] else " (default draft)" if r.get("default_draft") else "")
         table.add_row(name, status, f"{r['size_mb']} MB", r["description"])
     Console().print(table)
 

@@ -71,6 +71,17 @@ def draft_path(name: str) -> Path | None:
     return REGISTRY_PATH.parent / d["folder"] if d else None
 
 
+def drafts() -> list[dict]:
+    """Drafts shipped in ``models/``: name, target, folder, description, whether it is there."""
+    out = []
+    for name, d in _registry().get("drafts", {}).items():
+        folder = REGISTRY_PATH.parent / d["folder"]
+        out.append({"name": name, "target": d["target"], "path": str(folder), "description": d["description"],
+                    "present": (folder / "draft.safetensors").is_file(),
+                    "size": (folder / "draft.safetensors").stat().st_size if (folder / "draft.safetensors").is_file() else 0})
+    return out
+
+
 def default_draft(target: str) -> str | None:
     """The registry's default draft for a target name, if it has one."""
     return _registry().get("default_drafts", {}).get(target)

@@ -385,6 +385,7 @@ def model_card(name: str, command: str, data: DistillSet, cfg: TrainConfig, draf
     w0, w1 = trend(history, "wtv")
     m = data.meta
     loss = cfg.loss + ("+grpo" if cfg.grpo_steps else "")
+    grpo = f", then {cfg.grpo_steps} GRPO steps (G={cfg.grpo_group}, reward {cfg.reward})" if cfg.grpo_steps else ""
     return f"""# {name}
 
 A draft model for `{m.get('target')}` trained by mlxspec with the `{loss}` objective.
@@ -397,9 +398,9 @@ A draft model for `{m.get('target')}` trained by mlxspec with the `{loss}` objec
   questions removed by text match; {m.get('generated_tokens')} target-generated tokens
   ({m.get('max_new_tokens')} per prompt, {m.get('greedy_share', 0.5):.0%} greedy, the rest sampled at T=1);
   the head vocabulary holds {m.get('head_mass', float('nan')):.1%} of the target's probability mass there.
-- Training: {cfg.steps} steps of {cfg.batch} sequences, lr {cfg.lr}, window K={cfg.k}, T={cfg.temp}
-  {f'then {cfg.grpo_steps} GRPO steps (G={cfg.grpo_group}, reward {cfg.reward})' if cfg.grpo_steps else ''};
-  {seconds / 60:.1f} min on {_machine()}, peak memory {peak_gb:.1f} GB.
+- Training: {cfg.steps} steps of {cfg.batch} sequences, lr {cfg.lr}, window K={cfg.k}, T={cfg.temp}{grpo};
+  {seconds / 60:.1f} min on {_machine()}, peak memory {peak_gb:.1f} GB. Building the data set took
+  {(m.get('generate_s', 0) + m.get('teacher_s', 0)) / 60:.1f} min more (once; cached and shared by every run).
 - Objectives (first -> last 20% of distillation steps): KL {k0:.3f} -> {k1:.3f}; expected accepted
   length per {cfg.k}-window, greedy {e0:.3f} -> {e1:.3f}, sampling {w0:.3f} -> {w1:.3f}.
 """

@@ -130,3 +130,23 @@ def test_bad_drafter_specs(spec, message):
 
     with pytest.raises(MlxspecError, match=message):
         make_drafter(spec, Target())
+
+
+def test_the_shipped_default_draft_is_small_and_registered():
+    from mlxspec import store
+
+    name = store.default_draft(store.default_target())
+    folder = store.draft_path(name)
+    assert name == "smollm2-135m-draft" and (folder / "README.md").is_file()
+    shipped = [folder / f for f in ("draft.safetensors", "config.json", "README.md")]
+    assert sum(f.stat().st_size for f in shipped) < 30e6  # embeddings are the target's, not stored
+
+
+@pytest.mark.model
+def test_default_and_no_draft_option_use_the_shipped_draft(lm):
+    from mlxspec.draft import DraftModel
+    from mlxspec.drafters import make_drafter
+
+    d = make_drafter("default", lm)
+    assert d.name == "smollm2-135m-draft" and isinstance(d.model, DraftModel)
+    assert d.model.cfg.tokenizer_sha256  # it was checked against the target's tokenizer on load
