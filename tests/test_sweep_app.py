@@ -1,9 +1,7 @@
 """``mlxspec sweep --tui`` (tui/sweep_app.py): the chart on scripted numbers, held run by run so
 the test sees it fill in; quitting mid-sweep; errors; then a tiny real sweep (marked ``model``)."""
 
-import asyncio
 import threading
-import time
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 
@@ -12,18 +10,9 @@ import pytest
 from mlxspec.errors import MlxspecError
 from tui.sweep_app import Series, SweepApp, SweepChart, chart_text, demo_runner, sweep_runner
 
+from pilot import run, wait_for
+
 SIZE = (150, 50)
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def wait_for(pilot, cond, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the app"
-        await pilot.pause(0.02)
 
 
 def chart(app: SweepApp) -> list[str]:

@@ -21,21 +21,12 @@ from tui.source import K_MAX, ModelSource, Settings
 from tui.stats import Baseline, TurnStats
 from tui.widgets import Answer, ErrorMessage, Prompt, status_style
 
+from pilot import run, wait_for
+
 SIZE = (120, 40)
 
 
 # ----------------------------------------------------------------------------- helpers
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def wait_for(pilot, cond, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the app"
-        await pilot.pause(0.02)
-
-
 async def ready(pilot, app: ChatApp) -> None:
     await wait_for(pilot, lambda: app.info is not None, timeout=120)
 
