@@ -20,7 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.cache import KVCache
 
 from . import losses as L
 from .distill import DistillSet, batch_arrays
@@ -133,8 +134,6 @@ def _load_checkpoint(out: Path, draft: DraftModel, opt: optim.Optimizer, cfg: Tr
     w = mx.load(str(ck / "draft.safetensors"))
     w.pop("vocab_ids")
     draft.load_weights(list(w.items()), strict=True)
-    from mlx.utils import tree_unflatten
-
     opt.state = tree_unflatten(list(mx.load(str(ck / "optimizer.safetensors")).items()))
     return state["step"], state["stage"], [StepLog(**h) for h in state["history"]]
 
@@ -197,8 +196,6 @@ def grpo_samples(draft: DraftModel, target, data: DistillSet, cfg: TrainConfig, 
         t_prefix = _prefix_cache(target.model, context[:-1], G, lambda x, c: target.model(x, c))
         # Draft K tokens autoregressively for all G rows; the prefix stays frozen.
         tokens = mx.full((G, 1), context[-1], dtype=mx.int32)
-        from mlx_lm.models.cache import KVCache
-
         cache = [KVCache() for _ in draft.layers]
         for c, pre in zip(cache, d_prefix):
             c.update_and_fetch(pre.keys, pre.values)
@@ -211,7 +208,6 @@ def grpo_samples(draft: DraftModel, target, data: DistillSet, cfg: TrainConfig, 
             drafted.append(col)
             logq.append(mx.take_along_axis(lq, col[:, None], axis=-1)[:, 0])
             x = draft.vocab_ids[col][:, None]
-        key = mx.random.split(key, 1)[0]
         cols = mx.stack(drafted, axis=1)  # (G, K) head columns
         ids = draft.vocab_ids[cols]  # (G, K) token ids
         inputs = mx.concatenate([tokens, ids[:, :-1]], axis=1)
@@ -232,7 +228,7 @@ def grpo_samples(draft: DraftModel, target, data: DistillSet, cfg: TrainConfig, 
         # Positions up to and including the first rejection carry the credit.
         valid = mx.concatenate([mx.ones((G, 1)), alive[:, :-1]], axis=1)
         mx.eval(cols, logq_tok, reward, valid)
-        out.append({"context": context, "inputs": inputs, "cols": cols, "old_logq": logq_tok,
+        out.append({"inputs": inputs, "cols": cols, "old_logq": logq_tok,
                     "advantages": L.group_advantages(reward), "valid": valid, "reward": reward,
                     "prefix": d_prefix})
     return out
