@@ -395,11 +395,9 @@ def train_draft(
     quick: bool = typer.Option(False, "--quick", help="CI-sized run (~1-2 minutes): 12 prompts, 1 layer, 1024-token head, 40 steps."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-step log and summary as JSON here."),
 ) -> None:
-    """Train a small draft for the target by self-distillation, with an acceptance-aware loss.
-
-    Data: prompts from ../shared/data (GSM8K, HumanEval, FOLIO, MT-Bench; Spec-Bench questions
-    removed) and our own chat prompts, continued by the target; the target's distributions are
-    the teacher (cached as log-probs over the head vocabulary)."""
+    """Train a small draft for the target by self-distillation, with an acceptance-aware loss:
+    the target continues prompts from ../shared/data (Spec-Bench questions removed) and our own,
+    and its distributions along them are the teacher (built once, cached)."""
     import time
 
     from . import train as tr
