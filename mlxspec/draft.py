@@ -249,10 +249,18 @@ def resolve_draft(spec: str, target) -> Path:
     name = store.default_draft(target.name) if spec == "default" else spec
     if name is None:
         raise MlxspecError(f"the registry has no default draft for {target.name!r}; pass a draft folder")
-    path = store.draft_path(name) or Path(name).expanduser()
-    if not is_draft_folder(path):
-        raise MlxspecError(f"{spec!r} is not a trained mlxspec draft (no {CONFIG} with format {FORMAT!r} in {path})")
+    path = find_draft(name)
+    if path is None:
+        raise MlxspecError(f"{spec!r} is not a trained mlxspec draft (no {CONFIG} with format {FORMAT!r})")
     return path
+
+
+def find_draft(name: str) -> Path | None:
+    """The folder of a registry draft name or a trained-draft path; None if it is neither."""
+    from . import store
+
+    path = store.draft_path(name) or Path(name).expanduser()
+    return path if is_draft_folder(path) else None
 
 
 def as_llama(draft: DraftModel, target):

@@ -155,13 +155,11 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
         if not layers.isdigit() or not 1 <= int(layers) < total:
             raise MlxspecError(f"bad drafter {spec!r}: self:L needs 1 <= L < {total} (the target's layers)")
         return ModelDrafter(target.model, spec, num_layers=int(layers))
-    from pathlib import Path
-
-    from .draft import is_draft_folder, load_draft
+    from .draft import find_draft, load_draft
     from .loading import check_compatible, load
 
-    folder = store.draft_path(spec) or Path(spec).expanduser()
-    if is_draft_folder(folder):
+    folder = find_draft(spec)
+    if folder is not None:
         return ModelDrafter(load_draft(folder, target, _float_dtype(target)), spec)
     draft = load(spec, dtype)
     check_compatible(target.tokenizer, draft.tokenizer)

@@ -76,9 +76,10 @@ def drafts() -> list[dict]:
     out = []
     for name, d in _registry().get("drafts", {}).items():
         folder = REGISTRY_PATH.parent / d["folder"]
+        weights = folder / "draft.safetensors"
+        present = weights.is_file()
         out.append({"name": name, "target": d["target"], "path": str(folder), "description": d["description"],
-                    "present": (folder / "draft.safetensors").is_file(),
-                    "size": (folder / "draft.safetensors").stat().st_size if (folder / "draft.safetensors").is_file() else 0})
+                    "present": present, "size": weights.stat().st_size if present else 0})
     return out
 
 
