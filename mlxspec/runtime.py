@@ -82,7 +82,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
 
 def resolve_dtype(dtype: str) -> str:
     """Per-device weight format: measured fastest is fp32 on CPU, the GGUF's own 4-bit on GPU."""
-    from .errors import MlxspecError
+    from mlxspec.errors import MlxspecError
 
     if dtype not in DTYPES:
         raise MlxspecError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
-
 import io
 import json
 import math
@@ -11,8 +9,9 @@ import math
 import pytest
 from rich.console import Console
 
-from mlxspec import bench
+import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
 from mlxspec.errors import MlxspecError
+from mlxspec.measure import bench
 
 
 def test_measure_bandwidth_small_is_positive_and_finite():

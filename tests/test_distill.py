@@ -4,10 +4,17 @@ import numpy as np
 import pytest
 from tiny import tiny_data, tiny_target
 
-from mlxspec.bench import data_dir
-from mlxspec.distill import (DistillSet, batch_arrays, benchmark_texts, choose_vocab, is_benchmark, normalise,
-                             training_prompts)
 from mlxspec.errors import MlxspecError
+from mlxspec.measure.bench import data_dir
+from mlxspec.training.distill import (
+    DistillSet,
+    batch_arrays,
+    benchmark_texts,
+    choose_vocab,
+    is_benchmark,
+    normalise,
+    training_prompts,
+)
 
 
 @pytest.fixture(scope="module")

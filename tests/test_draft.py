@@ -5,13 +5,20 @@ import numpy as np
 import pytest
 from tiny import VOCAB, save_tiny, tiny_draft, tiny_target
 
-from mlxspec.draft import (DraftConfig, full_head, is_draft_folder, load_draft, read_config,
-                           save_draft, tokenizer_fingerprint)
-from mlxspec.drafters import ModelDrafter
-from mlxspec.engine import generate, generate_plain
+from mlxspec.core.drafters import ModelDrafter
+from mlxspec.core.engine import generate, generate_plain
+from mlxspec.core.events import Step
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
-from mlxspec.events import Step
-from mlxspec.sampling import SamplingParams
+from mlxspec.training.draft import (
+    DraftConfig,
+    full_head,
+    is_draft_folder,
+    load_draft,
+    read_config,
+    save_draft,
+    tokenizer_fingerprint,
+)
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +123,8 @@ def test_speculative_greedy_with_a_reduced_head_draft_equals_target_only(target,
 
 @pytest.mark.model
 def test_trained_draft_on_the_real_target_is_exact_and_accepted(lm, quick_draft):
-    from mlxspec.drafters import make_drafter
-    from mlxspec.tokenizer import encode_prompt
+    from mlxspec.targets.drafts import make_drafter
+    from mlxspec.targets.tokenizer import encode_prompt
 
     out, _ = quick_draft
     drafter = make_drafter(str(out), lm)
@@ -136,8 +143,8 @@ def test_export_gives_an_mlx_lm_draft_model(tmp_path, lm, quick_draft):
     from mlx_lm.generate import stream_generate
     from mlx_lm.utils import load as mlx_lm_load
 
-    from mlxspec.loading import to_mlx_lm
-    from mlxspec.tokenizer import encode_prompt
+    from mlxspec.targets.loading import to_mlx_lm
+    from mlxspec.targets.tokenizer import encode_prompt
 
     out, _ = quick_draft
     from typer.testing import CliRunner
@@ -163,7 +170,7 @@ def test_export_gives_an_mlx_lm_draft_model(tmp_path, lm, quick_draft):
 
 
 def test_as_llama_scores_head_tokens_as_the_draft_and_others_zero(target):
-    from mlxspec.draft import as_llama
+    from mlxspec.training.draft import as_llama
 
     draft = tiny_draft(target, head_ids=range(0, VOCAB, 4), layers=2)
     plain = as_llama(draft, target)

@@ -5,11 +5,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import RotatingKVCache
 
-from mlxspec.drafters import ModelDrafter, NgramDrafter, make_drafter, parse_k
-from mlxspec.engine import prefill
+from mlxspec.core.drafters import ModelDrafter, NgramDrafter, parse_k
+from mlxspec.core.model import Llama, LlamaConfig
+from mlxspec.core.prefill import prefill
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
-from mlxspec.model import Llama, LlamaConfig
-from mlxspec.sampling import SamplingParams
+from mlxspec.targets.drafts import make_drafter
 
 CFG = LlamaConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 GREEDY = SamplingParams()
@@ -133,7 +134,7 @@ def test_bad_drafter_specs(spec, message):
 
 
 def test_the_shipped_default_draft_is_small_and_registered():
-    from mlxspec import store
+    from mlxspec.targets import store
 
     name = store.default_draft(store.default_target())
     folder = store.draft_path(name)
@@ -144,8 +145,8 @@ def test_the_shipped_default_draft_is_small_and_registered():
 
 @pytest.mark.model
 def test_default_and_no_draft_option_use_the_shipped_draft(lm):
-    from mlxspec.draft import DraftModel
-    from mlxspec.drafters import make_drafter
+    from mlxspec.targets.drafts import make_drafter
+    from mlxspec.training.draft import DraftModel
 
     d = make_drafter("default", lm)
     assert d.name == "smollm2-135m-draft" and isinstance(d.model, DraftModel)

@@ -1,10 +1,10 @@
 import pytest
 
-from mlxspec.engine import generate_plain
+from mlxspec.core.engine import generate_plain
+from mlxspec.core.events import Done, Status, Step
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
-from mlxspec.events import Done, Status, Step
-from mlxspec.sampling import SamplingParams
-from mlxspec.tokenizer import encode_prompt
+from mlxspec.targets.tokenizer import encode_prompt
 
 pytestmark = pytest.mark.model
 
@@ -70,8 +70,8 @@ def test_prompt_longer_than_context(lm):
 
 # --- speculative decoding on the real model -------------------------------------------------
 
-from mlxspec.drafters import make_drafter  # noqa: E402
-from mlxspec.engine import generate  # noqa: E402
+from mlxspec.core.engine import generate  # noqa: E402
+from mlxspec.targets.drafts import make_drafter  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",

@@ -24,8 +24,6 @@ The end of the file covers level c (``mlxspec.equivalence``, the real-model chec
 
 from __future__ import annotations
 
-import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
-
 import io
 import itertools
 import json
@@ -37,12 +35,14 @@ import pytest
 from mlx.utils import tree_map
 from scipy.stats import chisquare
 
-from mlxspec import engine, equivalence
-from mlxspec.drafters import ModelDrafter, NgramDrafter
-from mlxspec.events import Step
-from mlxspec.model import Llama, LlamaConfig
-from mlxspec.sampling import SamplingParams, probs
-from mlxspec.verify import rejection_verify
+import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
+from mlxspec.core import engine
+from mlxspec.core.drafters import ModelDrafter, NgramDrafter
+from mlxspec.core.events import Step
+from mlxspec.core.model import Llama, LlamaConfig
+from mlxspec.core.sampling import SamplingParams, probs
+from mlxspec.core.verify import rejection_verify
+from mlxspec.measure import equivalence
 
 VOCAB = 16
 CFG = LlamaConfig(

@@ -2,7 +2,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxspec.cli import app
-from mlxspec.evaldraft import eval_draft, tau_at
+from mlxspec.measure.evaldraft import eval_draft, tau_at
 
 pytestmark = pytest.mark.model
 

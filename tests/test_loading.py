@@ -5,8 +5,8 @@ import re
 import mlx.core as mx
 import pytest
 
-from mlxspec import loading, store
 from mlxspec.errors import MlxspecError
+from mlxspec.targets import loading, store
 
 
 def test_missing_registry_model_names_the_pull_command(tmp_path, monkeypatch):
@@ -67,14 +67,14 @@ def gguf_meta():
 
 @pytest.mark.model
 def test_same_tokenizer_is_compatible(gguf_meta):
-    from mlxspec.tokenizer import tokenizer_from_gguf
+    from mlxspec.targets.tokenizer import tokenizer_from_gguf
 
     loading.check_compatible(tokenizer_from_gguf(gguf_meta), tokenizer_from_gguf(gguf_meta))
 
 
 @pytest.mark.model
 def test_incompatible_tokenizer_names_the_first_differing_token(gguf_meta):
-    from mlxspec.tokenizer import tokenizer_from_gguf
+    from mlxspec.targets.tokenizer import tokenizer_from_gguf
 
     tokens = list(gguf_meta["tokenizer.ggml.tokens"])
     tokens[1000], tokens[1001] = tokens[1001], tokens[1000]
@@ -90,7 +90,7 @@ def test_cli_rejects_an_incompatible_draft(gguf_meta, lm, tmp_path):
     from typer.testing import CliRunner
 
     from mlxspec.cli import app
-    from mlxspec.tokenizer import tokenizer_from_gguf
+    from mlxspec.targets.tokenizer import tokenizer_from_gguf
 
     tokens = list(gguf_meta["tokenizer.ggml.tokens"])
     tokens[5], tokens[6] = tokens[6], tokens[5]
@@ -101,7 +101,7 @@ def test_cli_rejects_an_incompatible_draft(gguf_meta, lm, tmp_path):
 
 
 def test_padded_draft_vocabulary_is_aligned_to_the_target():
-    from mlxspec.engine import _pad_vocab
+    from mlxspec.core.engine import _pad_vocab
 
     q = mx.array([[0.5, 0.5, 0.0]])
     assert _pad_vocab(q, 5).tolist() == [[0.5, 0.5, 0.0, 0.0, 0.0]]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxspec import losses
+from mlxspec.training import losses
 
 B, L, V, K = 2, 6, 7, 3
 EXTRA = 3  # teacher columns outside the draft's vocabulary: makes the teacher sub-normalised

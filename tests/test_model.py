@@ -4,9 +4,9 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxspec import loading
-from mlxspec.model import Llama, LlamaConfig, rope_at
-from mlxspec.tokenizer import encode_prompt
+from mlxspec.core.model import Llama, LlamaConfig, rope_at
+from mlxspec.targets import loading
+from mlxspec.targets.tokenizer import encode_prompt
 
 TINY = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                    intermediate_size=48, rope_theta=10000.0)

@@ -2,8 +2,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxspec.core.sampling import SamplingParams, probs, sample
 from mlxspec.errors import MlxspecError
-from mlxspec.sampling import SamplingParams, probs, sample
 
 LOGITS = mx.array([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
-
 import csv
 import io
 import json
@@ -12,8 +10,9 @@ import math
 import pytest
 from rich.console import Console
 
-from mlxspec import sweep
+import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
 from mlxspec.errors import MlxspecError
+from mlxspec.measure import sweep
 
 # ----------------------------------------------------------------------------- parse_ks
 

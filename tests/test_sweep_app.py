@@ -1,16 +1,21 @@
-"""``mlxspec sweep --tui`` (tui/sweep_app.py): the chart on scripted numbers, held run by run so
+"""``mlxspec sweep --tui`` (tui/sweep/app.py): the chart on scripted numbers, held run by run so
 the test sees it fill in; quitting mid-sweep; errors; then a tiny real sweep (marked ``model``)."""
 
 import threading
 
-import mlxspec  # noqa: F401  (fast BLAS before mlx)
-
 import pytest
-
-from mlxspec.errors import MlxspecError
-from tui.sweep_app import Series, SweepApp, SweepChart, chart_text, demo_runner, sweep_runner
-
 from pilot import run, wait_for
+
+import mlxspec  # noqa: F401  (fast BLAS before mlx)
+from mlxspec.errors import MlxspecError
+from tui.sweep.app import (
+    Series,
+    SweepApp,
+    SweepChart,
+    chart_text,
+    demo_runner,
+    sweep_runner,
+)
 
 SIZE = (150, 50)
 

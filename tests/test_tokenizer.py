@@ -1,6 +1,6 @@
 import pytest
 
-from mlxspec.tokenizer import encode_prompt
+from mlxspec.targets.tokenizer import encode_prompt
 
 pytestmark = pytest.mark.model
 

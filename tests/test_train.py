@@ -5,9 +5,9 @@ import pytest
 from mlx.utils import tree_flatten
 from tiny import tiny_data, tiny_draft, tiny_target
 
-from mlxspec.draft import load_draft
 from mlxspec.errors import MlxspecError
-from mlxspec.train import TrainConfig, batch_order, train, trend
+from mlxspec.training.draft import load_draft
+from mlxspec.training.train import TrainConfig, batch_order, train, trend
 
 
 @pytest.fixture(scope="module")

@@ -7,21 +7,19 @@ import re
 import time
 from dataclasses import replace
 
-import mlxspec  # noqa: F401  (fast BLAS before mlx)
-
 import pytest
+from pilot import run, wait_for
 from rich.style import Style
 from rich.text import Text
 
-from mlxspec.events import Status, Step
-from tui.app import ChatApp
-from tui.fake import SCRIPT, FakeSource
-from tui.messages import Piece, StepData, TurnResult
-from tui.source import K_MAX, ModelSource, Settings
-from tui.stats import Baseline, TurnStats
-from tui.widgets import Answer, ErrorMessage, Prompt, status_style
-
-from pilot import run, wait_for
+import mlxspec  # noqa: F401  (fast BLAS before mlx)
+from mlxspec.core.events import Status, Step
+from tui.chat.app import ChatApp
+from tui.chat.fake import SCRIPT, FakeSource
+from tui.chat.messages import Piece, StepData, TurnResult
+from tui.chat.source import K_MAX, ModelSource, Settings
+from tui.chat.stats import Baseline, TurnStats
+from tui.chat.widgets import Answer, ErrorMessage, Prompt, status_style
 
 SIZE = (120, 40)
 
@@ -121,7 +119,7 @@ def test_target_only_turn_gives_a_baseline():
 def test_stream_text_appends_draw_what_a_full_redraw_draws():
     from textual.app import App
 
-    from tui.stream import StreamText
+    from tui.chat.stream import StreamText
 
     chunks = ["Hello", " world", ", this is", " a long", "er\n\nparagraph", " with", " wrapping", " text that",
               " keeps", " going.\n", "x" * 30, " end", "\n"]
@@ -315,7 +313,7 @@ def test_stop_keeps_the_partial_answer_then_chat_goes_on():
 
 def test_ui_thread_cost_per_step_stays_small():
     """The UI thread's CPU per verification step (drawing the answer, the panel at most every
-    STATS_INTERVAL): a regression guard for tokens/s in the app vs headless (tui/overhead.py).
+    STATS_INTERVAL): a regression guard for tokens/s in the app vs headless (tui/chat/overhead.py).
     About 3-4 ms here, the turn's start included; re-rendering the whole answer and a layout
     pass on every step cost 10-15 ms before."""
 
@@ -391,7 +389,7 @@ def test_unexpected_worker_error_is_shown():
 ])
 def test_run_chat_rejects_bad_options_before_starting(kwargs, message):
     from mlxspec.errors import MlxspecError
-    from tui.app import run_chat
+    from tui.chat.app import run_chat
 
     with pytest.raises(MlxspecError, match=message):
         run_chat(**kwargs)
@@ -418,9 +416,9 @@ class Recording:
 
 @pytest.mark.model
 def test_chat_turn_on_the_real_model(lm):
-    from mlxspec.engine import generate
-    from mlxspec.sampling import SamplingParams
-    from mlxspec.tokenizer import encode_prompt
+    from mlxspec.core.engine import generate
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.targets.tokenizer import encode_prompt
 
     prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat."
     settings = Settings(draft="ngram:3", k=4, max_tokens=12)
@@ -454,7 +452,7 @@ def test_chat_turn_on_the_real_model(lm):
     assert {p.status for p in answer.pieces} & {Status.ACCEPTED, Status.CORRECTED, Status.BONUS}
     # The same tokens as the engine run headless.
     ids = encode_prompt(tok, [{"role": "user", "content": prompt}])
-    from mlxspec.drafters import make_drafter
+    from mlxspec.targets.drafts import make_drafter
 
     direct = [t for e in generate(lm.model, ids, SamplingParams(), 12, set(tok.eos_token_ids), lm.context_length,
                                   1, make_drafter("ngram:3", lm), 4) if isinstance(e, Step) for t in e.tokens]

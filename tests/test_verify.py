@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -11,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from mlxspec.verify import (
+import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
+from mlxspec.core.verify import (
     expected_accept_rate,
     greedy_verify,
     rejection_output_distribution,

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.distill import DistillSet
-from mlxspec.draft import DraftConfig, DraftModel, init_from_target
-from mlxspec.model import Llama, LlamaConfig
+from mlxspec.core.model import Llama, LlamaConfig
+from mlxspec.training.distill import DistillSet
+from mlxspec.training.draft import DraftConfig, DraftModel, init_from_target
 
 VOCAB = 64
 
@@ -35,7 +35,7 @@ def tiny_target(seed: int = 0, vocab: dict[str, int] | None = None) -> SimpleNam
 
 
 def tiny_draft(target, head_ids=range(0, VOCAB, 2), layers: int = 1, init: str = "target", seed: int = 0) -> DraftModel:
-    from mlxspec.draft import tokenizer_fingerprint
+    from mlxspec.training.draft import tokenizer_fingerprint
 
     mx.random.seed(seed)
     cfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=layers,
@@ -67,6 +67,6 @@ def tiny_data(target, head_ids=range(0, VOCAB, 2), sequences: int = 12, prompt: 
 
 
 def save_tiny(tmp_path: Path, target, name: str = "d") -> Path:
-    from mlxspec.draft import save_draft
+    from mlxspec.training.draft import save_draft
 
     return save_draft(tiny_draft(target), tmp_path / name, dtype="float32")

@@ -7,8 +7,8 @@ import sys
 
 from mlxspec.errors import MlxspecError
 
-from .app import ChatApp, run_chat
-from .source import Settings
+from .chat.app import ChatApp, run_chat
+from .chat.source import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.demo:
-            from .fake import FakeSource
+            from .chat.fake import FakeSource
 
             ChatApp(FakeSource(delay=0.3), Settings(a.draft, a.k, temp=a.temp, top_p=a.top_p),
                     loading_label="the demo source").run()

@@ -12,9 +12,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .app import ChatApp
-from .source import ModelSource, Settings
-from .widgets import Prompt
+from .chat.app import ChatApp
+from .chat.source import ModelSource, Settings
+from .chat.widgets import Prompt
 
 PROMPT = "Here is a Python function:\ndef add(a, b):\n    return a + b\nRewrite it with type hints."
 
@@ -52,7 +52,7 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if a.demo:
-        from .fake import FakeSource
+        from .chat.fake import FakeSource
 
         src = FakeSource()
         app = ChatApp(src, Settings(), clock=src.clock)

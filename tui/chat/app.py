@@ -23,16 +23,32 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Input
 from textual.worker import get_current_worker
 
+from mlxspec.core.events import Done, Step
 from mlxspec.errors import MlxspecError
-from mlxspec.events import Done, Step
 
-from .threads import wait_for_thread_exit
-from .messages import (ModelFailed, ModelReady, StepData, StepGenerated, TurnEnded, TurnFailed, TurnResult,
-                       step_data)
-from .source import DRAFTERS, K_MAX, K_MIN, TEMPERATURES, ModelInfo, ModelSource, Settings, Source
+from ..threads import wait_for_thread_exit
+from .messages import (
+    ModelFailed,
+    ModelReady,
+    StepData,
+    StepGenerated,
+    TurnEnded,
+    TurnFailed,
+    TurnResult,
+    step_data,
+)
+from .source import (
+    DRAFTERS,
+    K_MAX,
+    K_MIN,
+    TEMPERATURES,
+    ModelInfo,
+    ModelSource,
+    Settings,
+    Source,
+)
 from .stats import Baseline, TurnStats
 from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, summary_line
-
 
 # Seconds from a step's arrival to drawing it. 0: on the next turn of the event loop, batched
 # with any step that arrived meanwhile. A delay would draw while the worker is back inside MLX
@@ -323,9 +339,9 @@ def run_chat(target: str = "default", draft: str = "default", k: int = 4, temp: 
              top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto") -> None:
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
     starts; a model that fails to load is reported inside the UI."""
-    from mlxspec.drafters import parse_k
+    from mlxspec.core.drafters import parse_k
+    from mlxspec.core.sampling import SamplingParams
     from mlxspec.runtime import DTYPES
-    from mlxspec.sampling import SamplingParams
 
     parse_k(k)
     SamplingParams(temp, top_p)

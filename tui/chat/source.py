@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
-from mlxspec.drafters import MAX_K
-from mlxspec.events import Event, Step
+from mlxspec.core.drafters import MAX_K
+from mlxspec.core.events import Event, Step
 
 if TYPE_CHECKING:
-    from mlxspec.drafters import Drafter
-    from mlxspec.loading import LoadedModel
+    from mlxspec.core.drafters import Drafter
+    from mlxspec.targets.loading import LoadedModel
 
 # What the keys cycle through; a --draft / --temp from the command line is added if missing.
 DRAFTERS: tuple[str, ...] = ("default", "none", "ngram:3", "self:8")
@@ -123,7 +123,8 @@ class ModelSource:
         self._drafters: dict[str, Drafter | None] = {}
 
     def load(self) -> ModelInfo:
-        from mlxspec import loading, runtime
+        from mlxspec import runtime
+        from mlxspec.targets import loading
 
         if self.lm is None:
             self.lm = loading.load(self.target, self.dtype)
@@ -133,9 +134,9 @@ class ModelSource:
     def measure_baseline(self) -> float | None:
         """Median ms per token of target-only decoding (a short greedy run, EOS ignored).
         Also warms the model up."""
-        from mlxspec.engine import generate_plain
-        from mlxspec.sampling import SamplingParams
-        from mlxspec.tokenizer import encode_prompt
+        from mlxspec.core.engine import generate_plain
+        from mlxspec.core.sampling import SamplingParams
+        from mlxspec.targets.tokenizer import encode_prompt
 
         if self.baseline_tokens < 2:
             return None
@@ -153,16 +154,16 @@ class ModelSource:
         return _StreamDecoder(self.lm.tokenizer)
 
     def drafter(self, spec: str) -> Drafter | None:
-        from mlxspec.drafters import make_drafter
+        from mlxspec.targets.drafts import make_drafter
 
         if spec not in self._drafters:
             self._drafters[spec] = make_drafter(spec, self.lm, self.dtype)
         return self._drafters[spec]
 
     def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
-        from mlxspec.engine import generate
-        from mlxspec.sampling import SamplingParams
-        from mlxspec.tokenizer import encode_prompt, stop_token_ids
+        from mlxspec.core.engine import generate
+        from mlxspec.core.sampling import SamplingParams
+        from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
 
         lm = self.lm
         params = SamplingParams(settings.temp, settings.top_p)

@@ -10,10 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .bench import _mlxspec_run, method_stats, prepare_speculative_run, run_header, spec_bench_prompts
-from .drafters import parse_k
-from .errors import MlxspecError
-from .sampling import SamplingParams
+from mlxspec.core.drafters import parse_k
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.errors import MlxspecError
+from mlxspec.measure.bench import (
+    _mlxspec_run,
+    method_stats,
+    prepare_speculative_run,
+    run_header,
+    spec_bench_prompts,
+)
 
 EVAL_KS = (3, 5, 8)
 

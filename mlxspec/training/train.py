@@ -23,10 +23,10 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import KVCache
 
-from . import losses as L
-from .distill import DistillSet, batch_arrays
-from .draft import DraftModel, read_config, save_draft
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
+from mlxspec.training import losses as L
+from mlxspec.training.distill import DistillSet, batch_arrays
+from mlxspec.training.draft import DraftModel, read_config, save_draft
 
 LOSSES = ("kl", "eal", "wtv")
 CHECKPOINT = "checkpoint"
@@ -338,7 +338,7 @@ def trend(history: list[StepLog], attr: str, stage: str = "distill", frac: float
 
 
 def default_data_path(target_name: str, prompts: int, max_new: int, head_vocab: int, seed: int) -> Path:
-    from .store import home
+    from mlxspec.targets.store import home
 
     return home() / "distill" / f"{target_name}-p{prompts}-n{max_new}-v{head_vocab}-s{seed}.npz"
 
@@ -346,8 +346,8 @@ def default_data_path(target_name: str, prompts: int, max_new: int, head_vocab: 
 def prepare_data(target, path: Path | None, prompts: int, max_new: int, head_vocab: int, seed: int,
                  progress: Callable[[str, int, int], None] | None = None) -> tuple[DistillSet, Path]:
     """Load the distillation set at ``path``, or build it there (generation + teacher pass)."""
-    from .bench import data_dir
-    from .distill import build, training_prompts
+    from mlxspec.measure.bench import data_dir
+    from mlxspec.training.distill import build, training_prompts
 
     if prompts < 1 or max_new < 1:
         raise MlxspecError("--prompts and --max-new-tokens must be >= 1")
@@ -403,6 +403,6 @@ A draft model for `{m.get('target')}` trained by mlxspec with the `{loss}` objec
 
 
 def _machine() -> str:
-    from .runtime import backend_description
+    from mlxspec.runtime import backend_description
 
     return backend_description()

@@ -37,14 +37,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import runtime  # noqa: F401  (before mlx)
-
 import mlx.core as mx
 
-from .bench import (WARMUP_TOKENS, _acc, _f, _first_mismatch, _mlxspec_run, acceptance_by_position,
-                    prepare_speculative_run, run_header, spec_bench_prompts)
-from .drafters import MAX_K
-from .errors import MlxspecError
+from mlxspec.core.drafters import MAX_K
+from mlxspec.errors import MlxspecError
+from mlxspec.measure.bench import (
+    WARMUP_TOKENS,
+    _acc,
+    _f,
+    _first_mismatch,
+    _mlxspec_run,
+    acceptance_by_position,
+    prepare_speculative_run,
+    run_header,
+    spec_bench_prompts,
+)
 
 # A draft that costs at least this fraction of a target token per drafted token cannot pay:
 # at 0.5x every position must be accepted more than half the time just to break even.
@@ -294,7 +301,7 @@ def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = VERI
     """ms of one target forward over n tokens, for each n in ``sizes``, on a cache holding the
     prefilled ``prompt``; trimmed back after every pass. Two untimed passes per size first; then
     ``reps`` rounds over all sizes, the order rotating to spread drift. {n: [ms, ...]}."""
-    from .engine import prefill
+    from mlxspec.core.prefill import prefill
 
     cache = model.make_cache()
     mx.eval(prefill(model, cache, prompt))
@@ -368,7 +375,7 @@ def run_sweep(
     ms_all}], slope, kind}, optimum_measured{k, tps, speedup}, optimum_predicted{k, tps,
     speedup}, pays, causes[{cause, message}], verdict[str], runs[compact per-run rows].
     """
-    from .sampling import SamplingParams
+    from mlxspec.core.sampling import SamplingParams
 
     if isinstance(ks, str):
         ks = parse_ks(ks)

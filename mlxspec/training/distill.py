@@ -25,7 +25,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 OWN_PROMPTS = Path(__file__).with_name("distill_prompts.txt")
 MAX_PROMPT_TOKENS = 256  # contexts are left-truncated: long prompts would dominate training cost
@@ -182,7 +182,7 @@ def generate_continuations(target, prompts: list[list[int]], max_new: int, temp:
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
 
-    from .loading import to_mlx_lm
+    from mlxspec.targets.loading import to_mlx_lm
 
     ref = to_mlx_lm(target.model)
     mx.random.seed(seed)
@@ -214,7 +214,7 @@ def build(target, prompts: list[dict[str, str]], max_new: int, head_vocab: int, 
           greedy_share: float = 0.5, progress: Callable[[str, int, int], None] | None = None) -> DistillSet:
     """Prompts -> chat-templated ids -> target continuations (a ``greedy_share`` of prompts
     greedy, the rest sampled at T=1, so the draft sees both decoding regimes) -> teacher."""
-    from .tokenizer import encode_prompt
+    from mlxspec.targets.tokenizer import encode_prompt
 
     if not prompts:
         raise MlxspecError("no training prompts (is ../shared/data there? set MLXSPEC_DATA)")

@@ -11,23 +11,13 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from .drafters import Drafter, parse_k
-from .errors import MlxspecError
-from .events import Done, Event, Status, Step, Token
-from .model import Llama
-from .sampling import SamplingParams, probs, sample
-from .verify import greedy_verify, rejection_verify
-
-PREFILL_CHUNK = 512
-
-
-def prefill(model: Llama, cache: list, tokens: list[int], num_layers: int | None = None) -> mx.array:
-    """Run the prompt through ``model`` in chunks; return the logits of the last position."""
-    for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
-        model(mx.array([tokens[start : start + PREFILL_CHUNK]]), cache, num_layers=num_layers)
-        mx.eval([c.state for c in cache])
-    tail = len(tokens) - (len(tokens) - 1) % PREFILL_CHUNK - 1
-    return model(mx.array([tokens[tail:]]), cache, num_layers=num_layers)[0, -1]
+from mlxspec.core.drafters import Drafter, parse_k
+from mlxspec.core.events import Done, Event, Status, Step, Token
+from mlxspec.core.model import Llama
+from mlxspec.core.prefill import prefill
+from mlxspec.core.sampling import SamplingParams, probs, sample
+from mlxspec.core.verify import greedy_verify, rejection_verify
+from mlxspec.errors import MlxspecError
 
 
 def _token_budget(prompt: list[int], max_tokens: int, context: int) -> tuple[int, str]:

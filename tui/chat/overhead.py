@@ -1,8 +1,8 @@
 """Does the UI slow generation down? The same greedy turn, headless (the engine plus text
 decoding, as ``mlxspec generate`` does) and inside the chat app, alternating (ABBA order).
 
-    python -m tui.overhead                       # the app under Textual's headless driver
-    python -m tui.overhead --terminal            # the app drawing to this terminal (run it in tmux)
+    python -m tui.chat.overhead                       # the app under Textual's headless driver
+    python -m tui.chat.overhead --terminal            # the app drawing to this terminal (run it in tmux)
 
 Reported per run:
 * decode tokens/s: the engine's own ``Done.decode_tps``, wall clock, so whatever the app costs
@@ -21,11 +21,11 @@ import statistics
 import time
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
-from mlxspec.drafters import make_drafter
-from mlxspec.engine import generate
-from mlxspec.events import Done, Status, Step
-from mlxspec.sampling import SamplingParams
-from mlxspec.tokenizer import encode_prompt
+from mlxspec.core.engine import generate
+from mlxspec.core.events import Done, Status, Step
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.targets.drafts import make_drafter
+from mlxspec.targets.tokenizer import encode_prompt
 
 from .app import ChatApp
 from .source import ModelSource, Settings
@@ -80,7 +80,7 @@ async def _app_run(pilot, app: ChatApp) -> dict:
 
 
 def measure(pairs: int, settings: Settings, terminal: bool) -> dict:
-    from mlxspec import loading
+    from mlxspec.targets import loading
 
     lm = loading.load("default")
     headless_run(lm, settings)  # warm-up
@@ -129,7 +129,7 @@ def measure(pairs: int, settings: Settings, terminal: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m tui.overhead", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tui.chat.overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=6, help="one headless and one app run each")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft", default="ngram:3")

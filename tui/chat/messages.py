@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from mlxspec.events import Status, Step
+from mlxspec.core.events import Status, Step
 
 from .source import ModelInfo, TextDecoder
 

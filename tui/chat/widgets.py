@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Static
 
-from mlxspec.events import Status
+from mlxspec.core.events import Status
 
 from .messages import Piece, StepData, TurnResult
 from .source import Settings

@@ -13,7 +13,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 # GGUF token types (llama.cpp's llama_token_type): 3 = control, 4 = user-defined.
 _SPECIAL_TYPES = (3, 4)

@@ -17,11 +17,11 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from . import store
-from .errors import MlxspecError
-from .model import Llama, LlamaConfig
-from .runtime import resolve_dtype
-from .tokenizer import tokenizer_from_gguf
+from mlxspec.core.model import Llama, LlamaConfig
+from mlxspec.errors import MlxspecError
+from mlxspec.runtime import resolve_dtype
+from mlxspec.targets import store
+from mlxspec.targets.tokenizer import tokenizer_from_gguf
 
 SUPPORTED_GGUF_ARCHS = ("llama",)
 SUPPORTED_MLX_LM_TYPES = ("llama", "mistral")

@@ -36,9 +36,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .runtime import BLAS, backend_description  # (imports runtime before mlx)
-
 import mlx.core as mx
+
+from mlxspec.runtime import BLAS, backend_description  # (imports runtime before mlx)
 
 # The first question of three different Spec-Bench categories (chat-style writing, code,
 # GSM8K maths), all short single-turn prompts. question_id -> category, first turn used.
@@ -64,7 +64,7 @@ def data_dir() -> Path:
     env = os.environ.get("MLXSPEC_DATA")
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def default_prompts() -> list[dict[str, Any]]:
@@ -155,9 +155,9 @@ def _timed(tokens: Iterator[int], prompt_tokens: int) -> Run:
 
 
 def _mlxspec_tokens(lm, ids: list[int], max_tokens: int) -> Iterator[int]:
-    from .engine import generate_plain
-    from .events import Step
-    from .sampling import SamplingParams
+    from mlxspec.core.engine import generate_plain
+    from mlxspec.core.events import Step
+    from mlxspec.core.sampling import SamplingParams
 
     for ev in generate_plain(lm.model, ids, SamplingParams(), max_tokens, set(), lm.context_length):
         if isinstance(ev, Step):
@@ -244,9 +244,9 @@ def baseline_bench(
     decode tps / mlx-lm's), bandwidth_gbs, weight_bytes_per_token, floor_ms_per_token,
     floor_ratio{mlxspec, mlx_lm}, same_tokens, goals.
     """
-    from . import loading
-    from .errors import MlxspecError
-    from .tokenizer import encode_prompt
+    from mlxspec.errors import MlxspecError
+    from mlxspec.targets import loading
+    from mlxspec.targets.tokenizer import encode_prompt
 
     if max_tokens < 2:
         raise MlxspecError(f"max_tokens must be >= 2 to time decoding, got {max_tokens}")
@@ -409,7 +409,7 @@ def spec_category(row: dict[str, Any]) -> str:
 
 
 def _read_prompts_file(path: str | Path) -> list[dict[str, Any]]:
-    from .errors import MlxspecError
+    from mlxspec.errors import MlxspecError
 
     path = Path(path).expanduser()
     try:
@@ -450,7 +450,7 @@ def spec_bench_prompts(
     text}. ``prompts_file`` replaces the set (all its prompts, category "custom"). Without the
     shared data folder and no explicit ``categories``: the built-in fallback prompts.
     """
-    from .errors import MlxspecError
+    from mlxspec.errors import MlxspecError
 
     if prompts_file is not None:
         return _read_prompts_file(prompts_file), None
@@ -515,8 +515,8 @@ def _row(method: str, tokens: list[int], prompt_tokens: int, prefill_s: float, d
 
 def _mlxspec_run(method: str, lm, ids: list[int], params, max_tokens: int, stop: set[int], seed: int,
                  drafter, k: int) -> dict[str, Any]:
-    from .engine import generate
-    from .events import Done, Step
+    from mlxspec.core.engine import generate
+    from mlxspec.core.events import Done, Step
 
     tokens: list[int] = []
     accepted, drafted, dms, vms = [], [], [], []
@@ -607,10 +607,10 @@ def _mlx_lm_peer(lm, draft: str, drafter) -> tuple[Any, Any, str | None, str | N
 
     from mlx.utils import tree_flatten
 
-    from . import loading
-    from .draft import DraftModel, as_llama
-    from .drafters import ModelDrafter
-    from .model import Llama
+    from mlxspec.core.drafters import ModelDrafter
+    from mlxspec.core.model import Llama
+    from mlxspec.targets import loading
+    from mlxspec.training.draft import DraftModel, as_llama
 
     if not isinstance(drafter, ModelDrafter):
         return None, None, None, NGRAM_NO_PEER if draft.startswith("ngram") else f"no mlx-lm peer for drafter {draft!r}"
@@ -785,10 +785,10 @@ def prepare_speculative_run(model_spec: Any, draft: str, dtype: str, items: list
                             max_tokens: int, no_drafter: str) -> tuple[Any, Any, set[int], list[list[int]]]:
     """What spec_bench and the sweep both start from: the target (a spec, or an already loaded
     model), its drafter, the stop tokens and every prompt encoded and checked against the context."""
-    from . import loading
-    from .drafters import make_drafter
-    from .errors import MlxspecError
-    from .tokenizer import encode_prompt, stop_token_ids
+    from mlxspec.errors import MlxspecError
+    from mlxspec.targets import loading
+    from mlxspec.targets.drafts import make_drafter
+    from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
 
     lm = model_spec if hasattr(model_spec, "model") and hasattr(model_spec, "tokenizer") else loading.load(model_spec, dtype)
     drafter = make_drafter(draft, lm, lm.dtype)
@@ -842,9 +842,9 @@ def spec_bench(
     mlx_lm ({description, note} or None), mlx_lm_reason, runs[per-run rows], results[{temperature,
     categories{cat: aggregate}, overall: aggregate}], verdicts[str]. See ``aggregate``.
     """
-    from .drafters import parse_k
-    from .errors import MlxspecError
-    from .sampling import SamplingParams
+    from mlxspec.core.drafters import parse_k
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.errors import MlxspecError
 
     k = parse_k(k)
     if max_tokens < 1:

@@ -22,8 +22,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .errors import MlxspecError
-from .model import Block, LlamaConfig
+from mlxspec.core.model import Block, LlamaConfig
+from mlxspec.errors import MlxspecError
 
 FORMAT = "mlxspec-draft"
 WEIGHTS = "draft.safetensors"
@@ -244,7 +244,7 @@ def full_head(draft: DraftModel) -> mx.array:
 
 def resolve_draft(spec: str, target) -> Path:
     """A draft spec (``default``, a registry draft name or a folder) -> its folder."""
-    from . import store
+    from mlxspec.targets import store
 
     name = store.default_draft(target.name) if spec == "default" else spec
     if name is None:
@@ -257,7 +257,7 @@ def resolve_draft(spec: str, target) -> Path:
 
 def find_draft(name: str) -> Path | None:
     """The folder of a registry draft name or a trained-draft path; None if it is neither."""
-    from . import store
+    from mlxspec.targets import store
 
     path = store.draft_path(name) or Path(name).expanduser()
     return path if is_draft_folder(path) else None
@@ -266,7 +266,7 @@ def find_draft(name: str) -> Path | None:
 def as_llama(draft: DraftModel, target):
     """The draft as a plain full-vocabulary ``Llama``: the target's embedding table copied in,
     the reduced head widened (see ``full_head``). What other tools (mlx-lm) can run."""
-    from .model import Llama
+    from mlxspec.core.model import Llama
 
     c = draft.cfg
     if "embed_proj" in draft:
@@ -282,6 +282,6 @@ def as_llama(draft: DraftModel, target):
 
 def export_mlx_lm(path: Path, target, out: Path) -> Path:
     """The draft at ``path`` as a standalone mlx-lm llama folder."""
-    from .loading import export_folder
+    from mlxspec.targets.loading import export_folder
 
     return export_folder(as_llama(load_draft(path, target, mx.float32), target), target.tokenizer, out)

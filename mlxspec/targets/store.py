@@ -19,9 +19,9 @@ from typing import Callable
 
 from platformdirs import user_cache_dir
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
-REGISTRY_PATH = Path(__file__).resolve().parent.parent / "models" / "registry.json"
+REGISTRY_PATH = Path(__file__).resolve().parents[2] / "models" / "registry.json"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ per K as runs arrive (median tokens/s against the target-only line, share of dra
 marks the measured and predicted optima when the sweep ends, and shows the sweep's table and
 verdict beneath.
 
-    python -m tui.sweep_app --demo                  # scripted numbers, no model
-    python -m tui.sweep_app --screenshot docs/sweep # docs/sweep.svg and .png from a short real sweep
+    python -m tui.sweep.app --demo                  # scripted numbers, no model
+    python -m tui.sweep.app --screenshot docs/sweep # docs/sweep.svg and .png from a short real sweep
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from textual.worker import get_current_worker
 
 from mlxspec.errors import MlxspecError
 
-from .threads import wait_for_thread_exit
+from ..threads import wait_for_thread_exit
 
 Progress = Callable[[int, int, str], None]
 OnRun = Callable[[dict[str, Any]], None]
@@ -231,7 +231,7 @@ class _Printed:
         self.result = result
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        from mlxspec.sweep import print_sweep
+        from mlxspec.measure.sweep import print_sweep
 
         buf = io.StringIO()
         print_sweep(self.result, Console(file=buf, width=options.max_width, force_terminal=True,
@@ -354,7 +354,7 @@ def sweep_runner(**kwargs: Any) -> SweepRunner:
     """The real sweep: ``run_sweep(**kwargs)`` with the app's callbacks."""
 
     def run(progress: Progress, on_run: OnRun) -> dict[str, Any]:
-        from mlxspec.sweep import run_sweep
+        from mlxspec.measure.sweep import run_sweep
 
         return run_sweep(progress=progress, on_run=on_run, **kwargs)
 
@@ -372,7 +372,7 @@ def demo_runner(ks: Sequence[int] = (1, 2, 3, 4, 6, 8), prompts: int = 3, delay:
                 before_run: Callable[[], None] | None = None) -> SweepRunner:
     """Scripted, deterministic numbers in ``run_sweep``'s shape, no model: for tests and
     ``--demo``. ``before_run`` is called before each timed run (tests use it to hold the sweep)."""
-    from mlxspec.sweep import diagnose
+    from mlxspec.measure.sweep import diagnose
 
     ks = sorted(ks)
     target_ms, draft_ms = 110.0, 0.4
@@ -480,7 +480,7 @@ async def _shoot(app: SweepApp, svg: Path, size: tuple[int, int]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m tui.sweep_app", description="mlxspec sweep --tui, standalone.")
+    ap = argparse.ArgumentParser(prog="python -m tui.sweep.app", description="mlxspec sweep --tui, standalone.")
     ap.add_argument("--demo", action="store_true", help="scripted numbers, no model")
     ap.add_argument("--screenshot", metavar="PATH", help="run headless and write PATH.svg (and .png)")
     ap.add_argument("--k", default="1..4")
@@ -491,7 +491,7 @@ def main() -> None:
     ap.add_argument("--size", default="120x44", help="screenshot size, COLSxROWS")
     a = ap.parse_args()
 
-    from mlxspec.sweep import parse_ks
+    from mlxspec.measure.sweep import parse_ks
 
     ks = parse_ks(a.k)
     if a.demo:
@@ -511,7 +511,7 @@ def main() -> None:
     asyncio.run(_shoot(app, svg, (cols, rows)))
     app.wait_for_worker_exit()
     print(f"wrote {svg}")
-    from .screenshot import svg_to_png
+    from ..screenshot import svg_to_png
 
     png = svg_to_png(svg)
     if png:

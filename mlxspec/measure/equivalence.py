@@ -43,10 +43,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from . import runtime  # noqa: F401  (before mlx)
-
 import mlx.core as mx
 import numpy as np
+
 
 ALPHA = 0.01  # the sampling check passes iff its permutation p-value > ALPHA
 MAX_BINS = 200  # named token ids at most (dof = number of named ids)
@@ -71,7 +70,7 @@ def verify_prompts() -> list[dict[str, Any]]:
     """[{id, category, text}]: MT-Bench first turns, interleaved across categories (one of each
     category, then the second of each, ...) so that any prefix of the list is varied. Falls back
     to the benchmark's built-in prompts when the shared data folder is missing."""
-    from .bench import FALLBACK_PROMPTS, data_dir
+    from mlxspec.measure.bench import FALLBACK_PROMPTS, data_dir
 
     path = data_dir() / MT_BENCH_FILE
     by_cat: dict[str, list[dict[str, Any]]] = {}
@@ -95,14 +94,14 @@ def verify_prompts() -> list[dict[str, Any]]:
 
 def _load(model_spec):
     """A registry name / path, or an already loaded ``LoadedModel`` (tests reuse theirs)."""
-    from . import loading
+    from mlxspec.targets import loading
 
     return model_spec if isinstance(model_spec, loading.LoadedModel) else loading.load(model_spec)
 
 
 def _drafter(draft: str, lm):
-    from .drafters import make_drafter
-    from .errors import MlxspecError
+    from mlxspec.errors import MlxspecError
+    from mlxspec.targets.drafts import make_drafter
 
     d = make_drafter(draft, lm)
     if d is None:
@@ -112,8 +111,8 @@ def _drafter(draft: str, lm):
 
 def _run(lm, ids, params, max_tokens, stop, seed, drafter=None, k=4) -> tuple[list[int], dict[str, Any]]:
     """Emitted tokens and {steps, drafted, accepted, elapsed_s, stop_reason} of one generation."""
-    from .engine import generate
-    from .events import Done, Step
+    from mlxspec.core.engine import generate
+    from mlxspec.core.events import Done, Step
 
     out: list[int] = []
     drafted = accepted = steps = 0
@@ -151,7 +150,7 @@ def _add(total: dict[str, Any], st: dict[str, Any]) -> None:
 
 
 def _header(lm, draft: str, k: int) -> dict[str, Any]:
-    from .runtime import backend_description
+    from mlxspec.runtime import backend_description
 
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "backend": backend_description(), "model": lm.name, "dtype": lm.dtype, "draft": draft, "k": k}
@@ -245,9 +244,9 @@ def sampling_check(
     """
     from scipy.stats import chi2_contingency
 
-    from .errors import MlxspecError
-    from .sampling import SamplingParams
-    from .tokenizer import encode_prompt, stop_token_ids
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.errors import MlxspecError
+    from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
 
     params = SamplingParams(temperature=temperature, top_p=top_p)
     if params.greedy:
@@ -343,7 +342,7 @@ def sampling_check(
 def _divergence(lm, prefix: list[int], plain_tok: int, spec_tok: int) -> dict[str, Any]:
     """The target's logits after ``prefix`` (one fresh pass): top-2 gap and where the two
     diverging tokens stand."""
-    from .engine import prefill
+    from mlxspec.core.prefill import prefill
 
     logits = prefill(lm.model, lm.model.make_cache(), prefix).astype(mx.float32)
     lg = np.array(logits, dtype=np.float64)
@@ -380,9 +379,9 @@ def greedy_check(
     ...}], summary{prompts, identical, near_ties, mismatches, tokens_compared,
     tokens_agreeing}, target_only{...}, speculative{...}, passed.
     """
-    from .errors import MlxspecError
-    from .sampling import SamplingParams
-    from .tokenizer import encode_prompt
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.errors import MlxspecError
+    from mlxspec.targets.tokenizer import encode_prompt
 
     if prompts < 1 or tokens < 1:
         raise MlxspecError("prompts and tokens must be >= 1")

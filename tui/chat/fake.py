@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from mlxspec.core.events import Done, Event, Status, Step, Token
 from mlxspec.errors import MlxspecError
-from mlxspec.events import Done, Event, Status, Step, Token
 
 from .source import ModelInfo, Settings
 

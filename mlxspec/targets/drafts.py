@@ -1,0 +1,47 @@
+"""Turn a ``--draft`` spec into a drafter for a loaded target: the one place that knows where
+drafts live (the registry, trained folders, model paths)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxspec.core.drafters import Drafter, ModelDrafter, NgramDrafter
+from mlxspec.errors import MlxspecError
+from mlxspec.targets import store
+from mlxspec.targets.loading import check_compatible, load
+from mlxspec.training.draft import find_draft, load_draft
+
+
+def draft_float_dtype(target) -> mx.Dtype:
+    """A trained draft runs in float16 beside a quantized (GPU) or half target, else float32."""
+    return {"float16": mx.float16, "bfloat16": mx.bfloat16, "quantized": mx.float16}.get(target.dtype, mx.float32)
+
+
+DEFAULT_FALLBACK = "ngram:3"  # for targets the registry ships no draft for
+
+
+def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
+    """``default``, ``none``, ``ngram[:N]``, ``self:L``, a registry draft name, a trained
+    draft folder or a draft model path (``LoadedModel`` target)."""
+    if spec in ("none", ""):
+        return None
+    if spec == "default":
+        name = store.default_draft(target.name)
+        return make_drafter(name or DEFAULT_FALLBACK, target, dtype)
+    if spec == "ngram" or spec.startswith("ngram:"):
+        n = spec.partition(":")[2] or "3"
+        if not n.isdigit():
+            raise MlxspecError(f"bad drafter {spec!r}: expected ngram:N with N an integer")
+        return NgramDrafter(int(n))
+    if spec.startswith("self:"):
+        layers = spec.partition(":")[2]
+        total = target.config.num_layers
+        if not layers.isdigit() or not 1 <= int(layers) < total:
+            raise MlxspecError(f"bad drafter {spec!r}: self:L needs 1 <= L < {total} (the target's layers)")
+        return ModelDrafter(target.model, spec, num_layers=int(layers))
+    folder = find_draft(spec)
+    if folder is not None:
+        return ModelDrafter(load_draft(folder, target, draft_float_dtype(target)), spec)
+    draft = load(spec, dtype)
+    check_compatible(target.tokenizer, draft.tokenizer)
+    return ModelDrafter(draft.model, draft.name)
