@@ -163,7 +163,7 @@ def generate(
         if t_first is None:
             t_first = t_verified
         yield Step(tokens, k=len(drafted), accepted=n,
-                   draft_ms=(t_drafted - t_step) * 1e3, verify_ms=(t_verified - t_drafted) * 1e3)
+                   draft_ms=(t_drafted - t_step) * 1e3, verify_ms=(t_verified - t_drafted) * 1e3, room=room)
         if stop:
             break
 

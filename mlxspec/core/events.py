@@ -27,13 +27,17 @@ class Token:
 @dataclass(frozen=True)
 class Step:
     """One decoding step: K drafted, ``accepted`` of them kept, then one target token.
-    Target-only decoding is a step with k=0 and one plain token."""
+    Target-only decoding is a step with k=0 and one plain token.
+
+    ``room`` is how many drafts the engine allowed this step (K, less near the token limit); a
+    drafter may propose fewer. Acceptance by position counts only steps with room for it."""
 
     tokens: list[Token]
     k: int
     accepted: int
     draft_ms: float
     verify_ms: float
+    room: int = 0
 
     @property
     def emitted(self) -> list[int]:
