@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import RotatingKVCache
 
-from mlxspec.core.drafters import ModelDrafter, NgramDrafter, parse_k
+from mlxspec.core.cache import rewind
+from mlxspec.core.drafters import Commit, ModelDrafter, NgramDrafter, parse_k
 from mlxspec.core.model import Llama, LlamaConfig
 from mlxspec.core.prefill import prefill
 from mlxspec.core.sampling import SamplingParams
@@ -31,25 +32,25 @@ def fresh_logits(model, tokens, num_layers=None):
 def test_ngram_proposes_what_followed_the_last_match():
     d = NgramDrafter(3)
     hist = [5, 6, 7, 8, 9, 1, 5, 6, 7]
-    assert d.propose(hist, 4, GREEDY, None)[0].tolist() == [8, 9, 1, 5]
-    assert d.propose(hist, 2, GREEDY, None)[0].tolist() == [8, 9]
+    assert d.propose(hist, 4, GREEDY, None).tokens.tolist() == [8, 9, 1, 5]
+    assert d.propose(hist, 2, GREEDY, None).tokens.tolist() == [8, 9]
 
 
 def test_ngram_prefers_the_latest_match_and_backs_off_to_shorter_ngrams():
     d = NgramDrafter(3, min_n=1)
-    assert d.propose([1, 2, 3, 1, 2, 4, 9, 2], 2, GREEDY, None)[0].tolist() == [4, 9]  # bigram miss, unigram "2"
-    assert d.propose([1, 2, 3, 1, 2, 4, 9, 1, 2], 1, GREEDY, None)[0].tolist() == [4]
-    assert d.propose([5, 1, 2, 7, 3, 1, 2], 2, GREEDY, None)[0].tolist() == [7, 3]  # trigram miss, bigram hit
+    assert d.propose([1, 2, 3, 1, 2, 4, 9, 2], 2, GREEDY, None).tokens.tolist() == [4, 9]  # bigram miss, unigram "2"
+    assert d.propose([1, 2, 3, 1, 2, 4, 9, 1, 2], 1, GREEDY, None).tokens.tolist() == [4]
+    assert d.propose([5, 1, 2, 7, 3, 1, 2], 2, GREEDY, None).tokens.tolist() == [7, 3]  # trigram miss, bigram hit
 
 
 def test_ngram_needs_two_matching_tokens_by_default():
-    assert NgramDrafter(3).propose([1, 2, 3, 1, 2, 4, 9, 2], 2, GREEDY, None)[0].size == 0
-    assert NgramDrafter(1).propose([4, 8, 4], 1, GREEDY, None)[0].tolist() == [8]  # ngram:1 is unigram
+    assert NgramDrafter(3).propose([1, 2, 3, 1, 2, 4, 9, 2], 2, GREEDY, None).tokens.size == 0
+    assert NgramDrafter(1).propose([4, 8, 4], 1, GREEDY, None).tokens.tolist() == [8]  # ngram:1 is unigram
 
 
 def test_ngram_without_a_match_proposes_nothing():
-    draft, q = NgramDrafter(2).propose([1, 2, 3, 4], 3, GREEDY, None)
-    assert draft.size == 0 and q is None
+    proposal = NgramDrafter(2).propose([1, 2, 3, 4], 3, GREEDY, None)
+    assert proposal.tokens.size == 0 and proposal.q is None and proposal.is_chain
 
 
 # The rollback property: whatever the target accepts, the draft's cache plus its pending
@@ -66,10 +67,9 @@ def test_draft_cache_rollback_matches_fresh_prefill(tiny, prompt, rounds, layers
     history = list(prompt)
     key = mx.random.key(0)
     for k, frac, nxt in rounds:
-        draft, _ = d.propose(history, k, GREEDY, key)
-        drafted = draft.tolist()
+        drafted = d.propose(history, k, GREEDY, key).tokens.tolist()
         n = round(frac * k)  # any accept pattern 0..k, not only what the target would choose
-        d.commit(drafted, n, nxt)
+        d.commit(Commit(drafted, n, nxt))
         history += drafted[:n] + [nxt]
         # next draft logits from the rolled-back cache == fresh prefill of the history
         ours = d._forward(mx.array(d.pending))
@@ -77,8 +77,7 @@ def test_draft_cache_rollback_matches_fresh_prefill(tiny, prompt, rounds, layers
         ref = fresh_logits(tiny, history, num_layers=layers)
         np.testing.assert_allclose(np.array(ours), np.array(ref), rtol=1e-4, atol=1e-4)
         d.pending = [history[-1]]
-        for c in d.cache:
-            c.trim(1)
+        rewind(d.cache, 1)
 
 
 @settings(max_examples=30, deadline=None)
@@ -94,8 +93,7 @@ def test_target_cache_rollback_matches_fresh_prefill(tiny, prompt, steps):
     for drafted, frac, nxt in steps:
         n = round(frac * len(drafted))
         tiny(mx.array([[y] + drafted]), cache)
-        for c in cache:
-            c.trim(len(drafted) - n)
+        rewind(cache, len(drafted) - n)
         history += drafted[:n] + [nxt]
         y = nxt
         assert cache[0].offset == len(history) - 1

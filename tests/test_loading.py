@@ -101,9 +101,9 @@ def test_cli_rejects_an_incompatible_draft(gguf_meta, lm, tmp_path):
 
 
 def test_padded_draft_vocabulary_is_aligned_to_the_target():
-    from mlxspec.core.engine import _pad_vocab
+    from mlxspec.core.verify import pad_vocab
 
     q = mx.array([[0.5, 0.5, 0.0]])
-    assert _pad_vocab(q, 5).tolist() == [[0.5, 0.5, 0.0, 0.0, 0.0]]
-    assert _pad_vocab(q, 2).tolist() == [[0.5, 0.5]]
-    assert _pad_vocab(None, 4) is None
+    assert pad_vocab(q, 5).tolist() == [[0.5, 0.5, 0.0, 0.0, 0.0]]
+    assert pad_vocab(q, 2).tolist() == [[0.5, 0.5]]
+    assert pad_vocab(None, 4) is None

@@ -11,12 +11,13 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from mlxspec.core.drafters import Drafter, parse_k
+from mlxspec.core.cache import rewind
+from mlxspec.core.drafters import Commit, Drafter, Proposal, parse_k
 from mlxspec.core.events import Done, Event, Status, Step, Token
-from mlxspec.core.model import Llama
 from mlxspec.core.prefill import prefill
 from mlxspec.core.sampling import SamplingParams, probs, sample
-from mlxspec.core.verify import greedy_verify, rejection_verify
+from mlxspec.core.target import Target
+from mlxspec.core.verify import greedy_verify, pad_vocab, rejection_verify
 from mlxspec.errors import MlxspecError
 
 
@@ -33,7 +34,7 @@ def _token_budget(prompt: list[int], max_tokens: int, context: int) -> tuple[int
 
 
 def generate_plain(
-    model: Llama,
+    model: Target,
     prompt: list[int],
     params: SamplingParams,
     max_tokens: int,
@@ -76,18 +77,56 @@ def generate_plain(
     yield Done(len(prompt), n, prefill_s=t_first - t0, decode_s=end - t_first, stop_reason=reason, steps=n)
 
 
-def _pad_vocab(q: mx.array | None, vocab: int) -> mx.array | None:
-    """Draft and target may pad their embedding tables differently; tokens beyond the
-    smaller table have probability 0 there."""
-    if q is None or q.shape[-1] == vocab:
-        return q
-    if q.shape[-1] > vocab:
-        return q[:, :vocab]
-    return mx.concatenate([q, mx.zeros((q.shape[0], vocab - q.shape[-1]), q.dtype)], axis=-1)
+def _start(model: Target, drafter: Drafter, prompt: list[int]) -> list:
+    """Prefill the target with all but the last prompt token, and the drafter with the prompt
+    (and the target's hidden states of those tokens if it reads them)."""
+    cache = model.make_cache()
+    hidden = None
+    if len(prompt) > 1:
+        out = prefill(model, cache, prompt[:-1], return_hidden=drafter.wants_hidden)
+        hidden = out[1] if drafter.wants_hidden else None
+        mx.eval([c.state for c in cache], hidden)
+    drafter.reset(prompt, hidden)
+    return cache
+
+
+def _verify(model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
+            key: mx.array, want_hidden: bool) -> tuple[mx.array, mx.array, mx.array | None]:
+    """One target pass over [y, d_1..d_m]: how many drafts it keeps, its next token, and its
+    hidden states of the pass (lazy)."""
+    draft = proposal.tokens
+    out = model(mx.concatenate([mx.array([y], mx.int32), draft])[None], cache,
+                **({"return_hidden": True} if want_hidden else {}))
+    logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
+    if params.greedy:
+        n_acc, nxt = greedy_verify(draft, logits)
+    else:
+        p = probs(logits, params)
+        n_acc, nxt = rejection_verify(draft, pad_vocab(proposal.q, p.shape[-1]), p, key)
+    return n_acc, nxt, hidden
+
+
+def _step_tokens(drafted: list[int], n: int, y: int, stop_ids: set[int], budget: int) -> tuple[list[Token], bool]:
+    """The tokens a step shows, with their status: accepted drafts, the refused ones struck
+    through just before the target's own token, cut at a stop token or after ``budget`` emitted
+    tokens. Also whether a stop token ended it."""
+    last = Status.PLAIN if not drafted else Status.CORRECTED if n < len(drafted) else Status.BONUS
+    tokens: list[Token] = []
+    stop = False
+    for tok, st in zip(drafted[:n] + [y], [Status.ACCEPTED] * n + [last]):
+        if tok in stop_ids:
+            stop = True
+            break
+        tokens.append(Token(tok, st))
+        if len(tokens) == budget:
+            break
+    if n < len(drafted) and len(tokens) > n:
+        tokens[n:n] = [Token(d, Status.REJECTED) for d in drafted[n:]]
+    return tokens, stop
 
 
 def generate(
-    model: Llama,
+    model: Target,
     prompt: list[int],
     params: SamplingParams,
     max_tokens: int,
@@ -108,14 +147,10 @@ def generate(
     limit, reason = _token_budget(prompt, max_tokens, context)
     k = parse_k(k)
     t0 = time.perf_counter()
-    cache = model.make_cache()
-    if len(prompt) > 1:
-        prefill(model, cache, prompt[:-1])
-        mx.eval([c.state for c in cache])
-    drafter.reset(prompt)
+    cache = _start(model, drafter, prompt)
     history, y = list(prompt), prompt[-1]
     key = mx.random.key(seed)
-    emitted, steps, accepted_lengths = 0, 0, []
+    emitted, accepted_lengths = 0, []
     t_first = None
 
     while emitted < limit:
@@ -124,49 +159,32 @@ def generate(
         room = min(k, limit - emitted - 1)
 
         t_step = time.perf_counter()
-        draft, q = drafter.propose(history, room, params, draft_key)
-        mx.eval(draft, q)  # a sync of its own only so draft and verify time are reported apart
+        proposal = drafter.propose(history, room, params, draft_key)
+        if not proposal.is_chain:
+            raise MlxspecError(f"drafter {drafter.name!r} proposed a tree; this engine verifies chains")
+        mx.eval(proposal.tokens, proposal.q)  # a sync of its own only so draft and verify time are reported apart
         t_drafted = time.perf_counter()
 
-        logits = model(mx.concatenate([mx.array([y], mx.int32), draft])[None], cache)[0]
-        if params.greedy:
-            n_acc, nxt = greedy_verify(draft, logits)
-        else:
-            p = probs(logits, params)
-            n_acc, nxt = rejection_verify(draft, _pad_vocab(q, p.shape[-1]), p, verify_key)
+        n_acc, nxt, hidden = _verify(model, cache, y, proposal, params, verify_key, drafter.wants_hidden)
         mx.eval(n_acc, nxt)
         t_verified = time.perf_counter()
 
-        drafted, n, y = draft.tolist(), n_acc.item(), nxt.item()
-        for c in cache:
-            c.trim(len(drafted) - n)
-        drafter.commit(drafted, n, y)
-        committed = drafted[:n] + [y]
-        history += committed
-        steps += 1
+        drafted, n, y = proposal.tokens.tolist(), n_acc.item(), nxt.item()
+        rewind(cache, len(drafted) - n)
+        drafter.commit(Commit(drafted, n, y, None if hidden is None else hidden[: n + 1]))
+        history += drafted[:n] + [y]
         accepted_lengths.append(n)
 
-        last = Status.PLAIN if not drafted else Status.CORRECTED if n < len(drafted) else Status.BONUS
-        status = [Status.ACCEPTED] * n + [last]
-        tokens: list[Token] = []
-        stop = False
-        for tok, st in zip(committed, status):
-            if tok in stop_ids:
-                stop, reason = True, "eos"
-                break
-            tokens.append(Token(tok, st))
-            emitted += 1
-            if emitted == limit:
-                break
-        if n < len(drafted) and len(tokens) > n:  # show refused drafts just before the correction
-            tokens[n:n] = [Token(d, Status.REJECTED) for d in drafted[n:]]
+        tokens, stop = _step_tokens(drafted, n, y, stop_ids, limit - emitted)
+        emitted += sum(t.emitted for t in tokens)
         if t_first is None:
             t_first = t_verified
         yield Step(tokens, k=len(drafted), accepted=n,
                    draft_ms=(t_drafted - t_step) * 1e3, verify_ms=(t_verified - t_drafted) * 1e3, room=room)
         if stop:
+            reason = "eos"
             break
 
     end = time.perf_counter()
     yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),
-               stop_reason=reason, steps=steps, accepted_lengths=accepted_lengths)
+               stop_reason=reason, steps=len(accepted_lengths), accepted_lengths=accepted_lengths)

@@ -15,6 +15,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from mlxspec.core.target import Capabilities
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -121,7 +123,10 @@ class Llama(nn.Module):
     ``mask``: None (one token), "causal", or an additive/boolean (L, offset+L) array.
     ``positions``: None (offset .. offset+L-1 from the cache) or an (L,) array.
     ``num_layers``: run only the first N blocks, then the final norm and head (self-speculation).
+    ``return_hidden``: also return the normed hidden states the head reads (B, L, D).
     """
+
+    capabilities = Capabilities(tree_masks=True, partial_layers=True, hidden_states=True)
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -144,13 +149,13 @@ class Llama(nn.Module):
         mask: mx.array | str | None = None,
         positions: mx.array | None = None,
         num_layers: int | None = None,
-    ) -> mx.array:
+        return_hidden: bool = False,
+    ) -> mx.array | tuple[mx.array, mx.array]:
         if mask is None and tokens.shape[1] > 1:
             mask = "causal"
         h = self.model.embed_tokens(tokens)
         for layer, c in zip(self.layers[:num_layers], cache or [None] * len(self.layers)):
             h = layer(h, mask, c, positions)
         h = self.model.norm(h)
-        if self.cfg.tie_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+        logits = self.model.embed_tokens.as_linear(h) if self.cfg.tie_embeddings else self.lm_head(h)
+        return (logits, h) if return_hidden else logits

@@ -118,3 +118,13 @@ def token_match_rate(
     if isinstance(p, mx.array) or isinstance(q, mx.array):
         return (mx.array(p) * mx.array(q)).sum(axis=-1)
     return (np.asarray(p) * np.asarray(q)).sum(axis=-1)
+
+
+def pad_vocab(q: mx.array | None, vocab: int) -> mx.array | None:
+    """Draft and target may pad their embedding tables differently; tokens beyond the
+    smaller table have probability 0 there."""
+    if q is None or q.shape[-1] == vocab:
+        return q
+    if q.shape[-1] > vocab:
+        return q[:, :vocab]
+    return mx.concatenate([q, mx.zeros((q.shape[0], vocab - q.shape[-1]), q.dtype)], axis=-1)

@@ -1,7 +1,9 @@
-"""What every drafter is: the protocol the engine drafts through, and the K it may ask for."""
+"""What every drafter is: the protocol the engine drafts through, what a drafter proposes, what
+the engine tells it back, and the K it may ask for."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
@@ -12,18 +14,53 @@ from mlxspec.errors import MlxspecError
 MAX_K = 64
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """Draft tokens offered for one verify pass.
+
+    ``tokens``: (m,) int32, may be lazy. ``parents[i]``: the index in ``tokens`` of token i's
+    parent, -1 for a child of the last committed token; None is a chain (token i follows i-1),
+    the degenerate tree. ``q``: (m, V), the distribution each token was sampled from, or None
+    for a deterministic drafter (a point mass on each token)."""
+
+    tokens: mx.array
+    q: mx.array | None = None
+    parents: tuple[int, ...] | None = None
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None or all(p == i - 1 for i, p in enumerate(self.parents))
+
+
+NO_DRAFT = Proposal(mx.zeros((0,), mx.int32))
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What the target decided about a proposal: it kept ``drafted[:accepted]``, then emitted
+    ``next_token``. ``hidden``: the target's final hidden states (accepted + 1, D) of the tokens
+    the verify pass consumed and kept (the previous last token, then the accepted drafts), for
+    drafters that read them (``wants_hidden``); None otherwise."""
+
+    drafted: list[int]
+    accepted: int
+    next_token: int
+    hidden: mx.array | None = None
+
+
 class Drafter(Protocol):
     name: str
+    wants_hidden: bool  # the engine then returns the target's hidden states in reset and commit
 
-    def reset(self, prompt: list[int]) -> None:
-        """Start a new sequence whose committed tokens are ``prompt``."""
+    def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+        """Start a new sequence whose committed tokens are ``prompt``; ``hidden`` holds the
+        target's hidden states of ``prompt[:-1]`` (its last token is not run yet)."""
 
-    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array | None]:
-        """Up to ``k`` draft tokens after ``history`` (int32, lazy) and the probabilities they
-        were sampled from, (k, V), or None for a deterministic drafter."""
+    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
+        """Up to ``k`` draft tokens after ``history``."""
 
-    def commit(self, drafted: list[int], accepted: int, next_token: int) -> None:
-        """The target kept ``drafted[:accepted]`` then emitted ``next_token``: roll back to that."""
+    def commit(self, commit: Commit) -> None:
+        """Roll back to what the target kept."""
 
 
 def parse_k(k: int) -> int:

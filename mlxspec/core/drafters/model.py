@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import RotatingKVCache
 
+from mlxspec.core.cache import check_trimmable, rewind
+from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal
 from mlxspec.core.model import Llama
 from mlxspec.core.prefill import prefill
-from mlxspec.core.sampling import probs, sample
-from mlxspec.errors import MlxspecError
+from mlxspec.core.sampling import SamplingParams, probs, sample
 
 
 class ModelDrafter:
@@ -17,34 +17,26 @@ class ModelDrafter:
     Invariant: the cache holds every committed token except ``pending`` (one token, or two
     after a fully accepted draft, whose last token was never fed)."""
 
+    wants_hidden = False
+
     def __init__(self, model: Llama, name: str, num_layers: int | None = None):
         self.model, self.name, self.num_layers = model, name, num_layers
         self.cache: list = []
         self.pending: list[int] = []
 
-    def _make_cache(self) -> list:
-        cache = self.model.make_cache()[: self.num_layers]
-        # A rotating cache reports itself trimmable until it wraps, then silently is not.
-        if not all(c.is_trimmable() and not isinstance(c, RotatingKVCache) for c in cache):
-            raise MlxspecError(
-                f"draft {self.name!r} uses a cache that cannot be rolled back "
-                f"({type(cache[0]).__name__}: rotating or recurrent); speculative decoding needs a trimmable KV cache"
-            )
-        return cache
-
     def _forward(self, tokens: mx.array) -> mx.array:
         return self.model(tokens.reshape(1, -1), self.cache, num_layers=self.num_layers)[0, -1]
 
-    def reset(self, prompt: list[int]) -> None:
-        self.cache = self._make_cache()
+    def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+        self.cache = check_trimmable(self.model.make_cache()[: self.num_layers], f"draft {self.name!r}")
         if len(prompt) > 1:
             prefill(self.model, self.cache, prompt[:-1], num_layers=self.num_layers)
             mx.eval([c.state for c in self.cache])
         self.pending = prompt[-1:]
 
-    def propose(self, history, k, params, key):
+    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
         if k == 0:
-            return mx.zeros((0,), mx.int32), None
+            return NO_DRAFT
         logits = self._forward(mx.array(self.pending))
         tokens, dists = [], []
         for i, sub in enumerate(mx.random.split(key, k)):
@@ -53,14 +45,14 @@ class ModelDrafter:
             tokens.append(sample(logits, params, sub))
             if i < k - 1:
                 logits = self._forward(tokens[-1])
-        return mx.stack(tokens), (mx.stack(dists) if dists else None)
+        return Proposal(mx.stack(tokens), mx.stack(dists) if dists else None)
 
-    def commit(self, drafted, accepted, next_token):
+    def commit(self, commit: Commit) -> None:
+        drafted, accepted = commit.drafted, commit.accepted
         k = len(drafted)
         if k == 0:
-            self.pending.append(next_token)
+            self.pending.append(commit.next_token)
             return
         # The cache gained pending + drafted[:k-1]; keep pending + drafted[:accepted].
-        for c in self.cache:
-            c.trim(k - 1 - min(accepted, k - 1))
-        self.pending = drafted[k - 1 :] + [next_token] if accepted == k else [next_token]
+        rewind(self.cache, k - 1 - min(accepted, k - 1))
+        self.pending = drafted[k - 1 :] + [commit.next_token] if accepted == k else [commit.next_token]

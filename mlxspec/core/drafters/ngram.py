@@ -5,6 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
 
 
@@ -14,23 +16,25 @@ class NgramDrafter:
     its input. Single-token matches are mostly noise and each wasted proposal costs a wider
     verify pass, so by default a match needs two tokens (measured in BENCHMARKS.md)."""
 
+    wants_hidden = False
+
     def __init__(self, n: int = 3, min_n: int | None = None):
         if not 1 <= n <= 16:
             raise MlxspecError(f"ngram size must be in 1..16, got {n}")
         self.n, self.min_n, self.name = n, min(2, n) if min_n is None else min_n, f"ngram:{n}"
 
-    def reset(self, prompt):
+    def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         pass
 
-    def propose(self, history, k, params, key):
+    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
         h = np.asarray(history, dtype=np.int64)
         for n in range(min(self.n, len(h) - 1), self.min_n - 1, -1):
             windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
             hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
             if hits.size:
                 start = hits[-1] + n
-                return mx.array(h[start : start + k], dtype=mx.int32), None
-        return mx.zeros((0,), mx.int32), None
+                return Proposal(mx.array(h[start : start + k], dtype=mx.int32))
+        return NO_DRAFT
 
-    def commit(self, drafted, accepted, next_token):
+    def commit(self, commit: Commit) -> None:
         pass

@@ -1,0 +1,110 @@
+"""The package's shape: no module reaches for another's private names, and no import cycle
+(counting imports inside functions, which only defer a cycle to run time)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("mlxspec", "tui")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text(), str(p))
+            for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def absolute(name: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = name.split(".")
+    is_package = (ROOT / Path(*base) / "__init__.py").exists()
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(name: str, tree: ast.Module, known: set[str]) -> list[tuple[str, str | None]]:
+    """(module imported, name taken from it or None) for every import of our own modules."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name.split(".")[0] in PACKAGES]
+        elif isinstance(node, ast.ImportFrom):
+            src = absolute(name, node)
+            if src.split(".")[0] not in PACKAGES:
+                continue
+            for a in node.names:
+                sub = f"{src}.{a.name}"
+                out.append((sub, None) if sub in known else (src, a.name))
+    return out
+
+
+def test_no_module_imports_another_modules_private_names():
+    mods = modules()
+    known = set(mods)
+    bad = []
+    for name, tree in mods.items():
+        aliases = {}
+        for src, taken in imports(name, tree, known):
+            if taken and taken.startswith("_") and not taken.startswith("__") and src != name:
+                bad.append(f"{name}: from {src} import {taken}")
+        for node in ast.walk(tree):  # module objects bound by import, then `module._name`
+            if isinstance(node, ast.ImportFrom):
+                src = absolute(name, node)
+                for a in node.names:
+                    if f"{src}.{a.name}" in known:
+                        aliases[a.asname or a.name] = f"{src}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in known:
+                        aliases[a.asname or a.name] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{name}: {aliases[node.value.id]}.{node.attr}")
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the DFS stack, 2 done
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    mods = modules()
+    known = set(mods)
+    graph = {name: {src for src, _ in imports(name, tree, known) if src in known and src != name}
+             for name, tree in mods.items()}
+    # A package's __init__ re-exporting its own submodules is not a cycle of behaviour.
+    graph = {n: {m for m in deps if not (n.startswith(m + ".") and m in known)} for n, deps in graph.items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checks_can_fail():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    tree = ast.parse("from mlxspec.core.engine import _secret\n")
+    assert ("mlxspec.core.engine", "_secret") in imports("mlxspec.cli", tree, set(modules()))
