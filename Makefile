@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 MLXSPEC := $(VENV)/bin/mlxspec
 PROMPT ?= Write a short Python function that checks whether a number is prime, then explain it.
 
-.PHONY: setup system-deps venv model run generate test test-fast bench clean
+.PHONY: setup system-deps draft-data-deps venv model run generate test test-fast bench clean
 
 setup: system-deps venv model
 
@@ -15,6 +15,15 @@ system-deps:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libopenblas0-pthread; \
 	fi
+
+# Openly licensed text for the draft-training corpus (mlxspec/training/SOURCES.md); not part of setup.
+DRAFT_DATA_PKGS := python3.11-doc wordnet-base fortunes manpages-de
+draft-data-deps:
+	@if [ "$$(uname)" = "Linux" ] && command -v apt-get >/dev/null; then \
+		echo "installing draft-training text ($(DRAFT_DATA_PKGS))"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $(DRAFT_DATA_PKGS); \
+	else echo "draft-data-deps needs Debian/Ubuntu apt-get; the corpus skips missing sources"; fi
 
 venv: $(VENV)/.installed
 
@@ -41,7 +50,7 @@ test-fast: venv
 	$(PY) -m pytest -q -m "not model and not slow"
 
 bench: setup
-	$(MLXSPEC) bench --baseline --json out/bench-baseline.json
+	$(MLXSPEC) bench --baseline --out out/bench-baseline.json
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

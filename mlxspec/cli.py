@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -87,7 +88,7 @@ def generate(
     (or --draft; --draft none for target-only decoding)."""
     from mlxspec.core.drafters import parse_k
     from mlxspec.core.engine import generate as run
-    from mlxspec.core.events import Done, Status, Step
+    from mlxspec.core.events import Done, Step
     from mlxspec.core.sampling import SamplingParams
     from mlxspec.targets import loading
     from mlxspec.targets.drafts import make_drafter
@@ -99,52 +100,77 @@ def generate(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     parse_k(k)
     lm = loading.load(model, dtype)
-    draft = _named_draft(draft, model)
-    drafter = make_drafter(draft, lm, dtype)
-    tok = lm.tokenizer
-    ids = encode_prompt(tok, text, raw=raw)
-    detok = tok.detokenizer
-    detok.reset()
-    out = sys.stdout
-    for ev in run(lm.model, ids, params, max_tokens, set(tok.eos_token_ids), lm.context_length, seed, drafter, k):
+    drafter = make_drafter(_named_draft(draft, model), lm, dtype)
+    ids = encode_prompt(lm.tokenizer, text, raw=raw)
+    reply = _ReplyWriter(lm, drafter, k, as_json)
+    eos = set(lm.tokenizer.eos_token_ids)
+    for ev in run(lm.model, ids, params, max_tokens, eos, lm.context_length, seed, drafter, k):
         if isinstance(ev, Step):
-            for t in ev.tokens:
-                if t.status is Status.REJECTED:
-                    piece = tok.decode([t.id])  # not part of the output: decoded on its own
-                else:
-                    detok.add_token(t.id)
-                    piece = detok.last_segment
-                if as_json:
-                    out.write(json.dumps({"token": t.id, "text": piece, "status": t.status.value}) + "\n")
-                elif t.status is not Status.REJECTED:
-                    out.write(piece)
-            if as_json and drafter is not None:
-                out.write(json.dumps({"step": {"k": ev.k, "accepted": ev.accepted,
-                                               "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms}}) + "\n")
-            out.flush()
+            reply.step(ev)
         elif isinstance(ev, Done):
-            detok.finalize()
-            tail = detok.last_segment
-            if as_json:
-                if tail:
-                    out.write(json.dumps({"token": None, "text": tail, "status": "flush"}) + "\n")
-                summary = {"summary": ev.to_dict(), "model": lm.name, "dtype": lm.dtype,
-                           "draft": drafter.name if drafter else None, "k": k if drafter else 0}
-                out.write(json.dumps(summary) + "\n")
+            reply.done(ev)
+
+
+class _ReplyWriter:
+    """What ``generate`` prints for each engine event: the reply as text (statistics on stderr),
+    or with ``--json`` one object per token, per step and a summary, all on stdout."""
+
+    def __init__(self, lm, drafter, k: int, as_json: bool):
+        self.lm, self.drafter, self.k, self.as_json = lm, drafter, k, as_json
+        self.tok = lm.tokenizer
+        self.detok = self.tok.detokenizer
+        self.detok.reset()
+        self.out = sys.stdout
+
+    def pieces(self, step) -> Iterator[tuple[Any, str]]:
+        """Each token of a step with its text; a rejected draft token is not part of the reply,
+        so it is decoded on its own, outside the streaming detokenizer."""
+        from mlxspec.core.events import Status
+
+        for t in step.tokens:
+            if t.status is Status.REJECTED:
+                yield t, self.tok.decode([t.id])
             else:
-                out.write(tail + "\n")
-                out.flush()
-                line = (f"{ev.prompt_tokens} prompt tokens, {ev.prefill_tps:.1f} tok/s prefill; "
-                        f"{ev.generated_tokens} generated, {ev.decode_tps:.1f} tok/s decode; stop: {ev.stop_reason}")
-                if drafter is not None and ev.steps:
-                    tau = sum(ev.accepted_lengths) / ev.steps
-                    line += f"; {drafter.name} k={k}: {ev.steps} steps, {tau:.2f} accepted per step"
-                err.print(f"[dim]{line}[/]")
+                self.detok.add_token(t.id)
+                yield t, self.detok.last_segment
+
+    def step(self, ev) -> None:
+        from mlxspec.core.events import Status
+
+        for t, piece in self.pieces(ev):
+            if self.as_json:
+                self.write({"token": t.id, "text": piece, "status": t.status.value})
+            elif t.status is not Status.REJECTED:
+                self.out.write(piece)
+        if self.as_json and self.drafter is not None:
+            self.write({"step": {"k": ev.k, "accepted": ev.accepted, "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms}})
+        self.out.flush()
+
+    def done(self, ev) -> None:
+        self.detok.finalize()
+        tail = self.detok.last_segment
+        if self.as_json:
+            if tail:
+                self.write({"token": None, "text": tail, "status": "flush"})
+            self.write({"summary": ev.to_dict(), "model": self.lm.name, "dtype": self.lm.dtype,
+                        "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0})
+            return
+        self.out.write(tail + "\n")
+        self.out.flush()
+        line = (f"{ev.prompt_tokens} prompt tokens, {ev.prefill_tps:.1f} tok/s prefill; "
+                f"{ev.generated_tokens} generated, {ev.decode_tps:.1f} tok/s decode; stop: {ev.stop_reason}")
+        if self.drafter is not None and ev.steps:
+            tau = sum(ev.accepted_lengths) / ev.steps
+            line += f"; {self.drafter.name} k={self.k}: {ev.steps} steps, {tau:.2f} accepted per step"
+        err.print(f"[dim]{line}[/]")
+
+    def write(self, obj: dict) -> None:
+        self.out.write(json.dumps(obj) + "\n")
 
 
 @models_app.command("list")
 @friendly
-def models_list(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+def models_list(as_json: bool = typer.Option(False, "--json", help="Print the list as JSON to stdout.")) -> None:
     """Registry models and whether each is in the local store."""
     from mlxspec.targets import store
 
@@ -158,7 +184,7 @@ def models_list(as_json: bool = typer.Option(False, "--json", help="Machine-read
                      "path": d["path"], "description": d["description"], "draft_for": d["target"],
                      "default_draft": store.default_draft(d["target"]) == d["name"]})
     if as_json:
-        print(json.dumps({"home": str(store.home()), "models": rows}, indent=2))
+        _print_json({"home": str(store.home()), "models": rows})
         return
     table = Table(title=f"models (store: {store.home()})")
     for col in ("name", "status", "size", "description"):
@@ -195,11 +221,30 @@ def _progress():
                     TimeRemainingColumn(), console=err, transient=True)
 
 
+# One meaning per option across commands: ``--json`` prints JSON to stdout (human text goes to
+# stderr, so the two can be piped apart); ``--out PATH`` writes a result file or folder.
+
+
+def _print_json(result: dict) -> None:
+    """``--json``: the result as one JSON document on stdout."""
+    print(json.dumps(result, indent=2))
+
+
 def _write_json(result: dict, path: Optional[Path]) -> None:
+    """``--out PATH``: the result as a JSON file (nothing when no path was given)."""
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result, indent=2))
+        except OSError as e:
+            raise MlxspecError(f"cannot write {path}: {e.strerror}") from None
         err.print(f"[dim]wrote {path}[/]")
+
+
+def _check_out_folder(out: Path) -> None:
+    """Refuse a ``--out`` folder that is a file now, before minutes of work, not after."""
+    if out.exists() and not out.is_dir():
+        raise MlxspecError(f"--out {out} is a file; give a folder")
 
 
 def _named_draft(draft: str, target: str) -> str:
@@ -216,7 +261,7 @@ def _named_draft(draft: str, target: str) -> str:
 @app.command()
 @friendly
 def chat(
-    target: str = typer.Option("default", "--target", "-m", help="Registry name, .gguf file or mlx-lm folder."),
+    model: str = ModelOpt,
     draft: str = typer.Option("default", "--draft", "-d", help="Drafter: default, none, ngram[:N], self:L or a draft path (cycle with a key)."),
     k: int = KOpt,
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
@@ -228,7 +273,7 @@ def chat(
     correction, bonus, plain), with acceptance statistics and speed beside them."""
     from tui.chat.app import run_chat
 
-    run_chat(target, _named_draft(draft, target), k, temp, top_p, max_tokens, dtype)
+    run_chat(model, _named_draft(draft, model), k, temp, top_p, max_tokens, dtype)
 
 
 @app.command()
@@ -248,7 +293,8 @@ def bench(
     mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts only)."),
     dtype: str = DtypeOpt,
     seed: int = typer.Option(0, help="Sampling seed."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
 ) -> None:
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
     from mlxspec.core.drafters import parse_k
@@ -258,7 +304,6 @@ def bench(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     if repeats < 1 or warmup < 0:
         raise MlxspecError("--repeats must be >= 1 and --warmup >= 0")
-    console = Console()
     with _progress() as bar:
         task = bar.add_task("bench", total=None)
 
@@ -272,8 +317,11 @@ def bench(
             parse_k(k)
             result = b.spec_bench(model, draft, k, tuple(temps), categories, per_category, max_tokens,
                                   warmup, repeats, mlx_lm, prompts_file, seed, progress, dtype=dtype)
-    (b.print_baseline if baseline else b.print_spec)(result, console)
-    _write_json(result, json_out)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        (b.print_baseline if baseline else b.print_spec)(result, Console())
+    _write_json(result.to_json(), out)
 
 
 @app.command()
@@ -289,7 +337,8 @@ def verify(
     greedy_tokens: int = typer.Option(64, help="Tokens per prompt for the greedy agreement check."),
     quick: bool = typer.Option(False, "--quick", help="Small CI-sized run (600 tokens, 3 greedy prompts)."),
     seed: int = typer.Option(0, help="Base seed."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
 ) -> None:
     """Check that speculative decoding is exact on the real model: a two-sample chi-squared
     test of sampled tokens against target-only decoding, and token-for-token greedy agreement."""
@@ -313,8 +362,11 @@ def verify(
                                     max_tokens_per_prompt=48 if quick else 128, seed=seed, progress=progress)
         greedy = eq.greedy_check(model, draft, k, prompts, greedy_tokens, progress=progress)
     result = {"sampling": sampled, "greedy": greedy, "passed": sampled["passed"] and greedy["passed"]}
-    eq.print_verify(result, Console())
-    _write_json(result, json_out)
+    if as_json:
+        _print_json(result)
+    else:
+        eq.print_verify(result, Console())
+    _write_json(result, out)
     if not result["passed"]:
         raise typer.Exit(1)
 
@@ -335,7 +387,8 @@ def sweep(
     repeats: int = typer.Option(1, help="Timed repeats per K."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = DtypeOpt,
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per K as CSV here."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: tokens/s and acceptance against K."),
     tui: bool = typer.Option(False, "--tui", help="Show the sweep live in a terminal UI (q quits); the table is printed after."),
@@ -366,8 +419,11 @@ def sweep(
                 bar.update(task, completed=i, total=total, description=label)
 
             result = sw.run_sweep(k_list, progress=progress, **options)
-    sw.print_sweep(result, Console())
-    _write_json(result, json_out)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        sw.print_sweep(result, Console())
+    _write_json(result.to_json(), out)
     if csv_out is not None:
         err.print(f"[dim]wrote {sw.write_csv(result, csv_out)}[/]")
     if plot_out is not None:
@@ -400,7 +456,7 @@ def train_draft(
     checkpoint_every: int = typer.Option(100, help="Steps between checkpoints."),
     seed: int = typer.Option(0, help="Seed for data, initialisation, batch order and GRPO sampling."),
     quick: bool = typer.Option(False, "--quick", help="CI-sized run (~1-2 minutes): 12 prompts, 1 layer, 1024-token head, 40 steps."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-step log and summary as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary and per-step log as JSON to stdout."),
 ) -> None:
     """Train a small draft for the target by self-distillation, with an acceptance-aware loss:
     the target continues prompts from ../shared/data (Spec-Bench questions removed) and our own,
@@ -409,12 +465,7 @@ def train_draft(
 
     from mlxspec.targets.loading import load
     from mlxspec.training import train as tr
-    from mlxspec.training.draft import (
-        DraftConfig,
-        DraftModel,
-        init_from_target,
-        tokenizer_fingerprint,
-    )
+    from mlxspec.training.draft import DraftConfig, tokenizer_fingerprint
 
     if quick:
         prompts, max_new_tokens, head_vocab, layers = 12, 24, 1024, 1
@@ -423,26 +474,53 @@ def train_draft(
                          grpo_steps=grpo_steps if grpo else 0, grpo_group=grpo_group, grpo_reward=grpo_reward,
                          grpo_contexts=2 if quick else 4, seed=seed, checkpoint_every=checkpoint_every)
     cfg.validate()
+    _check_out_folder(out)
     if resume:
         tr.checkpoint_stage(out)  # fails now, not after the data is built
     t0 = time.perf_counter()
     target = load(model, "float32")
     dcfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=layers,
                                   hidden_size=hidden, head_vocab=head_vocab, init=init)
+    data, data_path = _distill_data(target, data, prompts, max_new_tokens, head_vocab, seed)
+    draft = _initial_draft(dcfg, data, data_path, target, seed)
+    extra = {"target": target.name, "loss": loss + ("+grpo" if grpo else ""), "data": str(data_path)}
+    history = _train_with_progress(draft, data, cfg, out, target, resume, extra, t0)
+    recipe = _train_recipe(cfg, dcfg, grpo, prompts, max_new_tokens, out)
+    summary = _finish_training(out, recipe, data, cfg, draft, history, time.perf_counter() - t0, extra["loss"])
+    if as_json:
+        _print_json(summary)
+
+
+def _distill_data(target, path: Optional[Path], prompts: int, max_new_tokens: int, head_vocab: int, seed: int):
+    """The distillation set at ``path`` (or the default cache), built first if missing."""
+    from mlxspec.training.train import prepare_data
+
     with _progress() as bar:
         task = bar.add_task("data", total=None)
-        data, data_path = tr.prepare_data(
-            target, data, prompts, max_new_tokens, head_vocab, seed,
-            progress=lambda stage, i, n: bar.update(task, completed=i, total=n, description=stage))
-    if len(data.vocab_ids) != dcfg.head_vocab:
-        raise MlxspecError(f"{data_path} has a {len(data.vocab_ids)}-token head vocabulary, not {dcfg.head_vocab}")
+        return prepare_data(target, path, prompts, max_new_tokens, head_vocab, seed,
+                            progress=lambda stage, i, n: bar.update(task, completed=i, total=n, description=stage))
+
+
+def _initial_draft(dcfg, data, data_path: Path, target, seed: int):
+    """A fresh draft over the data's head vocabulary, copied from the target when --init target."""
     import mlx.core as mx
 
+    from mlxspec.training.draft import DraftModel, init_from_target
+
+    if len(data.vocab_ids) != dcfg.head_vocab:
+        raise MlxspecError(f"{data_path} has a {len(data.vocab_ids)}-token head vocabulary, not {dcfg.head_vocab}")
     mx.random.seed(seed)
     draft = DraftModel(dcfg, mx.array(data.vocab_ids), target.model.model.embed_tokens)
     if dcfg.init == "target":
         init_from_target(draft, target.model)
-    extra = {"target": target.name, "loss": loss + ("+grpo" if grpo else ""), "data": str(data_path)}
+    return draft
+
+
+def _train_with_progress(draft, data, cfg, out: Path, target, resume: bool, extra: dict, t0: float) -> list:
+    """Run the trainer under a live bar on a terminal; a log (not a terminal) gets a line every
+    10 steps instead, since a bar there is one unreadable line."""
+    import time
+
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -450,6 +528,8 @@ def train_draft(
         TextColumn,
         TimeRemainingColumn,
     )
+
+    from mlxspec.training.train import train
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.4f}  kl {task.fields[kl]:.3f}  "
@@ -462,30 +542,38 @@ def train_draft(
         def progress(h, total: int) -> None:
             bar.update(task, completed=h.step, loss=h.loss, kl=h.kl, eal=h.eal, wtv=h.wtv, tps=h.tokens_per_s,
                        description=f"{h.stage} {extra['loss']}")
-            if not err.is_terminal and (h.step % 10 == 0 or h.step == total):  # logs get lines, not a bar
+            if not err.is_terminal and (h.step % 10 == 0 or h.step == total):
                 err.print(f"{h.stage} step {h.step}/{total} loss {h.loss:.4f} kl {h.kl:.3f} "
                           f"E[acc] greedy {h.eal:.2f} T {h.wtv:.2f} {h.tokens_per_s:.0f} tok/s "
                           f"{time.perf_counter() - t0:.0f}s")
 
-        history = tr.train(draft, data, cfg, out, target=target, resume=resume, progress=progress, extra=extra)
-    seconds = time.perf_counter() - t0
+        return train(draft, data, cfg, out, target=target, resume=resume, progress=progress, extra=extra)
+
+
+def _train_recipe(cfg, dcfg, grpo: bool, prompts: int, max_new_tokens: int, out: Path) -> str:
+    """The command line that reproduces this run, for the model card (quick settings spelled out)."""
+    return (f"mlxspec train-draft --loss {cfg.loss}"
+            + (f" --grpo --grpo-steps {cfg.grpo_steps} --grpo-group {cfg.grpo_group}" if grpo else "")
+            + f" --layers {dcfg.num_layers} --head-vocab {dcfg.head_vocab} --init {dcfg.init} --window {cfg.k}"
+            f" --temp {cfg.temp:g} --steps {cfg.steps} --batch {cfg.batch} --lr {cfg.lr:g} --prompts {prompts}"
+            f" --max-new-tokens {max_new_tokens} --seed {cfg.seed} --out {out}")
+
+
+def _finish_training(out: Path, recipe: str, data, cfg, draft, history: list, seconds: float, loss: str) -> dict:
+    """Write the model card, say on stderr what improved, and return the run's summary."""
+    from mlxspec.training import train as tr
+
     peak = tr.peak_memory_gb()
-    command = (f"mlxspec train-draft --loss {loss}" + (f" --grpo --grpo-steps {cfg.grpo_steps} --grpo-group {cfg.grpo_group}"
-                                                      if grpo else "")
-               + f" --layers {dcfg.num_layers} --head-vocab {dcfg.head_vocab} --init {dcfg.init} --window {window}"
-               f" --temp {temp:g} --steps {cfg.steps} --batch {cfg.batch} --lr {lr:g} --prompts {prompts}"
-               f" --max-new-tokens {max_new_tokens} --seed {seed} --out {out}")
-    card = tr.model_card(out.name, command, data, cfg, draft, history, seconds, peak)
-    (out / "README.md").write_text(card)
-    summary = {"out": str(out), "loss": extra["loss"], "seconds": seconds, "peak_memory_gb": peak,
+    (out / "README.md").write_text(tr.model_card(out.name, recipe, data, cfg, draft, history, seconds, peak))
+    summary = {"out": str(out), "loss": loss, "seconds": seconds, "peak_memory_gb": peak,
                "data": data.meta, "draft": draft.cfg.__dict__, "train": cfg.__dict__,
                "trend": {a: tr.trend(history, a) for a in ("loss", "kl", "eal", "wtv")},
                "history": [h.__dict__ for h in history]}
     (k0, k1), (e0, e1), (w0, w1) = (summary["trend"][a] for a in ("kl", "eal", "wtv"))
     err.print(f"wrote {out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"
-              f"KL {k0:.3f} -> {k1:.3f}; expected accepted per {window}-window: greedy {e0:.2f} -> {e1:.2f}, "
-              f"T={temp:g} {w0:.2f} -> {w1:.2f}")
-    _write_json(summary, json_out)
+              f"KL {k0:.3f} -> {k1:.3f}; expected accepted per {cfg.k}-window: greedy {e0:.2f} -> {e1:.2f}, "
+              f"T={cfg.temp:g} {w0:.2f} -> {w1:.2f}")
+    return summary
 
 
 @app.command("eval-draft")
@@ -500,7 +588,8 @@ def eval_draft(
     max_tokens: int = typer.Option(48, "--max-tokens", "-n", help="New tokens per prompt."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = DtypeOpt,
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
 ) -> None:
     """Mean accepted length per step (tau) and per-position acceptance of a draft, greedy and
     sampled, with the real engine on held-out prompts."""
@@ -513,8 +602,11 @@ def eval_draft(
         task = bar.add_task("eval", total=None)
         result = ev.eval_draft(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype,
                                progress=lambda i, n, label: bar.update(task, completed=i, total=n, description=label))
-    ev.print_eval(result, Console())
-    _write_json(result, json_out)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        ev.print_eval(result, Console())
+    _write_json(result.to_json(), out)
 
 
 @app.command("export-draft")
@@ -529,6 +621,7 @@ def export_draft(
     from mlxspec.targets.loading import load
     from mlxspec.training.draft import export_mlx_lm, resolve_draft
 
+    _check_out_folder(out)
     target = load(model, "float32")
     path = export_mlx_lm(resolve_draft(draft, target), target, out)
     err.print(f"wrote {path} (mlx-lm llama folder; try: mlx_lm.generate --model <target> --draft-model {path})")

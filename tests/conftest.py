@@ -24,8 +24,6 @@ def quick_draft(tmp_path_factory):
     from mlxspec.cli import app
 
     out = tmp_path_factory.mktemp("drafts") / "quick-wtv"
-    summary = out.with_suffix(".json")
-    r = CliRunner().invoke(app, ["train-draft", "--quick", "--loss", "wtv", "--grpo", "--out", str(out),
-                                 "--json", str(summary)])
+    r = CliRunner().invoke(app, ["train-draft", "--quick", "--loss", "wtv", "--grpo", "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
-    return out, json.loads(summary.read_text())
+    return out, json.loads(r.stdout)

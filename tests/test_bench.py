@@ -1,4 +1,5 @@
-"""Tests for mlxspec.bench: the baseline benchmark (mlxspec vs mlx-lm vs the bandwidth floor)."""
+"""Tests for mlxspec.measure.bench (baseline and speculative benchmarks), the shared run record
+and prompt sets (``runs``) and the paired verdicts (``verdict``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 from rich.console import Console
 
 import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
+from mlxspec.core.events import Done, Status, Step, Token
 from mlxspec.errors import MlxspecError
-from mlxspec.measure import bench
+from mlxspec.measure import bench, runs
+from mlxspec.measure.runs import Run
+from mlxspec.measure.verdict import Kind, median_ratio, pooled_ratio
 
 
 def test_measure_bandwidth_small_is_positive_and_finite():
@@ -22,11 +26,11 @@ def test_measure_bandwidth_small_is_positive_and_finite():
 def test_default_prompts_pick_three_categories(tmp_path, monkeypatch):
     prompts = bench.default_prompts()
     assert len(prompts) == 3 and len({p["category"] for p in prompts}) == 3
-    if bench.data_dir().joinpath(bench.QUESTIONS_FILE).is_file():
+    if runs.data_dir().joinpath(runs.QUESTIONS_FILE).is_file():
         assert [p["id"] for p in prompts] == list(bench.DEFAULT_QUESTIONS)
     monkeypatch.setenv("MLXSPEC_DATA", str(tmp_path))  # an empty folder: built-in prompts
     fallback = bench.default_prompts()
-    assert [p["text"] for p in fallback] == list(bench.FALLBACK_PROMPTS)
+    assert [p["text"] for p in fallback] == list(runs.FALLBACK_PROMPTS)
 
 
 @pytest.mark.model
@@ -39,23 +43,26 @@ def test_baseline_bench_tiny_run():
         repeats=1,
         progress=lambda i, n, label: calls.append((i, n, label)),
     )
-    impls = result["implementations"]
+    data = json.loads(json.dumps(result.to_json()))
+    impls = data["implementations"]
     assert set(impls) == {"mlxspec", "mlx_lm"}
     for st in impls.values():
         assert st["decode_tps_median"] > 0 and st["prefill_tps_median"] > 0
         assert st["decode_tps_min"] <= st["decode_tps_median"] <= st["decode_tps_max"]
         assert st["tokens_per_run"] == [8]
         assert st["ms_per_token"] == pytest.approx(1e3 / st["decode_tps_median"])
-    assert result["ratio"] == pytest.approx(
+    assert data["ratio"] == pytest.approx(
         impls["mlxspec"]["decode_tps_median"] / impls["mlx_lm"]["decode_tps_median"]
     )
-    assert result["bandwidth_gbs"] > 0 and result["weight_bytes_per_token"] > 0
-    assert result["floor_ms_per_token"] > 0
-    assert result["floor_ratio"]["mlxspec"] == pytest.approx(
-        impls["mlxspec"]["ms_per_token"] / result["floor_ms_per_token"]
+    assert data["bandwidth_gbs"] > 0 and data["weight_bytes_per_token"] > 0
+    assert data["floor_ms_per_token"] > 0
+    assert data["floor_ratio"]["mlxspec"] == pytest.approx(
+        impls["mlxspec"]["ms_per_token"] / data["floor_ms_per_token"]
     )
+    assert data["schema"] == 2 and data["model"] and data["machine"]["cpu_count"]
+    # one pair only: never a faster / slower verdict
+    assert data["verdict"]["kind"] == "no measurable difference" and data["verdict"]["interval"]["pairs"] == 1
     assert [c[:2] for c in calls] == [(1, 2), (2, 2)]
-    json.loads(json.dumps(result))
 
     out = io.StringIO()
     bench.print_baseline(result, Console(file=out, width=160))
@@ -67,10 +74,9 @@ def test_baseline_bench_tiny_run():
 
 
 def _row(method, pid, cat, n, prefill, decode, first, accepted, drafted, dms=(), vms=(), repeat=0, same=None):
-    r = bench._row(method, list(range(n)), 20, prefill, decode, first, "length",
-                   list(accepted), list(drafted), list(dms), list(vms))
-    r.update(prompt_id=pid, category=cat, repeat=repeat, temperature=0.0, identical_to_target=same)
-    return r
+    run = Run(list(range(n)), 20, prefill, decode, first, "length", list(accepted), list(drafted), list(drafted),
+              list(dms), list(vms))
+    return bench.SpecRun(method, run, 0.0, pid, cat, repeat, 0, same)
 
 
 def _hand_rows():
@@ -84,7 +90,7 @@ def _hand_rows():
 
 
 def test_aggregate_exact_numbers():
-    agg = bench.aggregate(_hand_rows(), k=3)
+    agg = bench.aggregate(_hand_rows(), k=3).to_json()
     assert agg["prompts"] == 2
     assert agg["target_tps"] == pytest.approx(20 / 6)
     assert agg["spec_tps"] == pytest.approx(20 / 4)
@@ -92,6 +98,7 @@ def test_aggregate_exact_numbers():
     assert agg["speedup_median"] == pytest.approx((2.0 + 4 / 3) / 2)  # per prompt: 10/1 / 10/2, 10/3 / 10/4
     assert agg["decode_speedup"] == pytest.approx((16 / 2.5) / (18 / 4))
     assert agg["slower"] is False
+    assert agg["verdict"] == "no measurable difference" and agg["interval"]["pairs"] == 2  # two pairs: too few
     assert agg["tau"] == pytest.approx(7 / 6)
     assert agg["tokens_per_step"] == pytest.approx(13 / 6)
     assert agg["acceptance"] == pytest.approx([3 / 5, 2 / 5, 1 / 3])
@@ -107,24 +114,96 @@ def test_aggregate_exact_numbers():
     assert m["ratio"] == pytest.approx(5.0 / 4.0)
     assert m["decode_tps"] == pytest.approx(8 / 2.0)
 
-    only_b = bench.aggregate([r for r in _hand_rows() if r["category"] == "b"], k=3)
+    only_b = bench.aggregate([r for r in _hand_rows() if r.category == "b"], k=3).to_json()
     assert only_b["speedup"] == pytest.approx((10 / 3) / (10 / 4)) and only_b["mlx_lm"] is None
     assert only_b["acceptance"] == [0.0, 0.0, None]  # one step drafted 2, one drafted none
     json.dumps(agg)
 
 
-def test_verdicts_say_slower_plainly():
-    rows = _hand_rows()
-    slow_rows = [dict(r, total_s=r["total_s"] * 2) if r["method"] == "spec" else r for r in rows]
-    result = {"settings": {"draft": "ngram:3", "k": 3}, "results": [
-        {"temperature": 0.0, "categories": {c: bench.aggregate([r for r in slow_rows if r["category"] == c], 3)
-                                            for c in "ab"}, "overall": bench.aggregate(slow_rows, 3)},
-    ]}
-    lines = bench.verdicts(result)
-    assert "speculation is SLOWER than target-only here: 0.75x" in lines[0]
-    assert "slower in: b" in lines[0]
-    assert any("BUG" in ln and "2" in ln for ln in lines)
-    assert any("mlx-lm" in ln for ln in lines)
+# ----------------------------------------------------------------------------- verdicts and noise
+
+OVERLAPPING = [0.8, 1.25, 0.9, 1.15, 1.05, 0.95]  # paired speedups on both sides of 1.0
+FASTER = [1.4, 1.5, 1.45, 1.38, 1.52, 1.47]
+SLOWER = [0.7, 0.75, 0.72, 0.68, 0.74, 0.71]
+
+
+def _scripted(speedups, cat="a", first_id=0):
+    """A target-only and a speculative run per prompt: the target's time varies by prompt (so
+    the pairing matters), the speculative run is ``speedup`` times as fast as its pair."""
+    out = []
+    for i, sp in enumerate(speedups):
+        t = 1.0 + 0.5 * (i % 3)
+        out.append(_row("target", first_id + i, cat, 20, 0.1 * t, 0.9 * t, 1, [0] * 20, [0] * 20))
+        out.append(_row("spec", first_id + i, cat, 20, 0.1 * t / sp, 0.9 * t / sp, 2, [1] * 10, [2] * 10))
+    return out
+
+
+def _temp(rows, k=2):
+    cats = list(dict.fromkeys(r.category for r in rows))
+    return bench.temp_result(rows, 0.0, cats, k)
+
+
+@pytest.mark.parametrize("speedups, kind, words", [
+    (OVERLAPPING, Kind.SAME, "no measurable difference between speculation and target-only"),
+    (FASTER, Kind.FASTER, "speculation is faster"),
+    (SLOWER, Kind.SLOWER, "speculation is SLOWER than target-only here"),
+    ([1.5, 1.6], Kind.SAME, "too few to tell"),  # two pairs never decide, however far apart
+])
+def test_bench_verdict_rests_on_the_paired_interval(speedups, kind, words):
+    res = _temp(_scripted(speedups))
+    (v,) = bench.verdicts([res], "ngram:3", 2)
+    assert v.kind is kind and words in v.text
+    assert v.interval is not None and v.interval.pairs == len(speedups)
+    assert v.interval.excludes(1.0) == (kind is not Kind.SAME or len(speedups) < 5)
+    assert f"{v.interval}" in v.text  # the interval is shown
+    assert res.overall.slower == (kind is Kind.SLOWER)
+    js = v.to_json()
+    assert js["kind"] == kind.value and js["interval"]["lo"] <= js["interval"]["hi"] and js["interval"]["level"] == 0.95
+
+
+def test_bench_names_the_slower_category_and_reports_bugs():
+    rows = _scripted(SLOWER, "a") + _scripted(FASTER, "b", first_id=100)
+    rows[1] = bench.SpecRun("spec", rows[1].run, 0.0, rows[1].prompt_id, "a", 0, 0, False, 3)  # greedy differs
+    res = _temp(rows)
+    lines = bench.verdicts([res], "ngram:3", 2)
+    assert res.categories["a"].slower and not res.categories["b"].slower
+    assert "slower in: a" in lines[0].text
+    assert lines[-1].kind is Kind.BUG and "BUG" in lines[-1].text and "0" in lines[-1].text
+    out = io.StringIO()
+    bench.print_verdicts(lines, Console(file=out, width=300, force_terminal=True, color_system="truecolor"))
+    assert "\x1b[1;31m" in out.getvalue()  # the bug line in bold red: coloured by its kind
+
+
+def test_paired_statistics_are_seeded_and_exact_where_they_can_be():
+    a = median_ratio(OVERLAPPING)
+    assert a == median_ratio(OVERLAPPING)  # seeded: the same runs give the same interval
+    assert a.ratio == pytest.approx(1.0) and a.interval.lo < 1.0 < a.interval.hi
+    p = pooled_ratio([10, 10], [1.0, 2.0], [10, 10], [2.0, 4.0])
+    assert p.ratio == pytest.approx(2.0) and p.interval.lo == pytest.approx(2.0)
+    assert median_ratio([]).ratio is None and median_ratio([]).kind is Kind.EMPTY
+
+
+# ----------------------------------------------------------------------------- the run record
+
+
+def test_collect_run_from_events():
+    acc, rej, cor, bon = Status.ACCEPTED, Status.REJECTED, Status.CORRECTED, Status.BONUS
+    events = [
+        Step([Token(1, acc), Token(2, acc), Token(3, bon)], k=2, accepted=2, draft_ms=1.0, verify_ms=5.0, room=2),
+        Step([Token(4, rej), Token(5, cor)], k=2, accepted=0, draft_ms=1.5, verify_ms=6.0, room=2),
+        Step([Token(6, acc), Token(7, bon)], k=1, accepted=1, draft_ms=0.5, verify_ms=4.0, room=1),
+        Done(prompt_tokens=9, generated_tokens=6, prefill_s=0.5, decode_s=1.5, stop_reason="length", steps=3),
+    ]
+    r = runs.collect_run(events)
+    assert r.tokens == [1, 2, 3, 5, 6, 7] and r.prompt_tokens == 9 and r.first_step_tokens == 3
+    assert (r.accepted, r.drafted, r.rooms) == ([2, 0, 1], [2, 2, 1], [2, 2, 1])
+    assert r.draft_ms == [1.0, 1.5, 0.5] and r.verify_ms == [5.0, 6.0, 4.0]
+    assert r.tps == pytest.approx(6 / 2.0) and r.decode_tps == pytest.approx(3 / 1.5) and r.steps == 3
+    assert r.to_json()["rooms"] == [2, 2, 1]
+    with pytest.raises(MlxspecError, match="Done"):
+        runs.collect_run(events[:-1])
+    assert runs.first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert runs.first_mismatch([1, 2, 3], [1, 5, 3]) == 1 and runs.first_mismatch([1, 2], [1, 2, 3]) == 2
 
 
 def test_mlx_lm_steps_rebuilds_acceptance():
@@ -138,32 +217,32 @@ def test_mlx_lm_steps_rebuilds_acceptance():
 
 
 def test_spec_bench_prompts(tmp_path):
-    if bench.data_dir().joinpath(bench.QUESTIONS_FILE).is_file():
-        items, note = bench.spec_bench_prompts(per_category=2)
+    if runs.data_dir().joinpath(runs.QUESTIONS_FILE).is_file():
+        items, note = runs.spec_bench_prompts(per_category=2)
         assert note is None
-        assert [it["category"] for it in items] == [c for c in bench.SPEC_BENCH_CATEGORIES for _ in range(2)]
+        assert [it["category"] for it in items] == [c for c in runs.SPEC_BENCH_CATEGORIES for _ in range(2)]
         assert [it["id"] for it in items] == [81, 82, 161, 162, 241, 242, 321, 322, 401, 402, 481, 482]
         assert items[0]["source_category"] == "writing"
-        items, _ = bench.spec_bench_prompts(["rag", "qa"], per_category=1)
+        items, _ = runs.spec_bench_prompts(["rag", "qa"], per_category=1)
         assert [(it["id"], it["category"]) for it in items] == [(481, "rag"), (321, "qa")]
     with pytest.raises(MlxspecError, match="unknown"):
-        bench.spec_bench_prompts(["poetry"])
+        runs.spec_bench_prompts(["poetry"])
     txt = tmp_path / "p.txt"
     txt.write_text("first prompt\n\nsecond prompt\n")
-    items, _ = bench.spec_bench_prompts(prompts_file=txt)
+    items, _ = runs.spec_bench_prompts(prompts_file=txt)
     assert [(it["id"], it["category"], it["text"]) for it in items] == [
         ("custom-1", "custom", "first prompt"), ("custom-2", "custom", "second prompt")]
     jl = tmp_path / "p.jsonl"
     jl.write_text(json.dumps({"question_id": 7, "turns": ["hello", "again"]}) + "\n")
-    items, _ = bench.spec_bench_prompts(prompts_file=jl)
+    items, _ = runs.spec_bench_prompts(prompts_file=jl)
     assert [(it["id"], it["text"]) for it in items] == [(7, "hello")]
 
 
 def _check_spec_result(result, k):
+    result = json.loads(json.dumps(result.to_json()))
     for key in ("date", "machine", "backend", "model", "dtype", "settings", "prompts", "runs", "results",
                 "verdicts", "mlx_lm", "mlx_lm_reason"):
         assert key in result
-    json.loads(json.dumps(result))
     (res,) = result["results"]
     for a in [*res["categories"].values(), res["overall"]]:
         for key in ("target_tps", "spec_tps", "speedup", "speedup_median", "tau", "tokens_per_step",
@@ -185,10 +264,12 @@ def test_spec_bench_tiny_ngram(lm):
                               max_tokens=8, warmup=0, repeats=1, with_mlx_lm=False,
                               progress=lambda i, n, label: calls.append((i, n)))
     overall = _check_spec_result(result, 4)
-    assert overall["mlx_lm"] is None and result["mlx_lm"] is None and result["mlx_lm_reason"]
+    data = result.to_json()
+    assert overall["mlx_lm"] is None and data["mlx_lm"] is None and data["mlx_lm_reason"]
     assert calls == [(1, 2), (2, 2)]
-    assert [p["id"] for p in result["prompts"]] == [161] or result["prompts"][0]["category"] == "builtin"
-    assert all(r["generated_tokens"] <= 8 for r in result["runs"])
+    assert [p["id"] for p in data["prompts"]] == [161] or data["prompts"][0]["category"] == "builtin"
+    assert all(r["generated_tokens"] <= 8 for r in data["runs"])
+    assert data["verdicts"][0]["kind"] == "no measurable difference"  # one prompt: too few pairs to tell
     out = io.StringIO()
     bench.print_spec(result, Console(file=out, width=200))
     assert "overall" in out.getvalue() and "speculation" in out.getvalue()
@@ -199,11 +280,12 @@ def test_spec_bench_self_draft_with_mlx_lm(lm):
     result = bench.spec_bench(lm, "self:2", k=2, temps=(0.0,), categories=["qa"], per_category=1,
                               max_tokens=6, warmup=0, repeats=1, with_mlx_lm=True)
     overall = _check_spec_result(result, 2)
-    assert result["mlx_lm"] is not None and "first 2 layers" in result["mlx_lm"]["description"]
+    data = result.to_json()
+    assert data["mlx_lm"] is not None and "first 2 layers" in data["mlx_lm"]["description"]
     m = overall["mlx_lm"]
     assert m is not None and m["tps"] > 0 and len(m["acceptance"]) == 2
     assert m["ratio"] == pytest.approx(overall["spec_tps"] / m["tps"])
-    peer = [r for r in result["runs"] if r["method"] == "mlx_lm"]
+    peer = [r for r in data["runs"] if r["method"] == "mlx_lm"]
     assert len(peer) == 1 and 0 < peer[0]["generated_tokens"] <= 6
     out = io.StringIO()
     bench.print_spec(result, Console(file=out, width=220))

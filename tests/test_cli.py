@@ -166,3 +166,104 @@ def test_bad_speculation_options(args, pattern):
 )
 def test_speculative_runs_refuse_no_drafter(args, pattern):
     one_line_error(invoke(*args), pattern)
+
+
+def all_commands():
+    """(name, options) for every command of the CLI, sub-commands included. Duck-typed: Typer
+    builds on its own copy of click, so click's classes are not the ones to test against."""
+    import typer
+
+    def walk(cmd, prefix):
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, f"{prefix} {name}".strip())
+        else:
+            yield prefix, [p for p in cmd.params if p.param_type_name == "option"]
+
+    return list(walk(typer.main.get_command(app), ""))
+
+
+def test_model_and_draft_options_mean_the_same_everywhere():
+    commands = all_commands()
+    assert {"generate", "chat", "bench", "sweep", "verify", "train-draft", "eval-draft", "export-draft",
+            "models list"} <= {name for name, _ in commands}
+    seen = {"model": 0, "draft": 0}
+    for name, options in commands:
+        for p in options:
+            opts = set(p.opts) | set(p.secondary_opts)
+            assert p.name != "target" and "--target" not in opts, f"{name}: the target is --model/-m"
+            for dest, short in (("model", "-m"), ("draft", "-d")):
+                if p.name == dest or opts & {f"--{dest}", short}:
+                    assert p.name == dest and opts == {f"--{dest}", short}, f"{name}: {sorted(opts)} -> {p.name}"
+                    assert not p.is_flag and not p.multiple, name
+                    seen[dest] += 1
+    assert seen["model"] >= 7 and seen["draft"] >= 6, seen
+
+
+def test_json_is_a_flag_for_stdout_everywhere():
+    takes_a_path = [name for name, options in all_commands() for p in options if "--json" in p.opts and not p.is_flag]
+    assert not takes_a_path, f"--json takes a value in {takes_a_path}; write files with --out PATH"
+
+
+def test_models_list_json_is_stdout_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    r = invoke("models", "list", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["home"] == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["--loss", "ce"], "unknown loss 'ce'"),
+        (["--window", "0"], "window K must be >= 1"),
+        (["--steps", "0"], "--steps and --batch must be >= 1"),
+        (["--grpo", "--grpo-group", "1"], "group of at least 2"),
+        (["--grpo-reward", "best"], "--grpo-reward must be greedy, sampling or auto"),
+        (["--temp", "0"], "training temperature must be > 0"),
+    ],
+)
+def test_train_draft_refuses_bad_options_before_loading_anything(tmp_path, monkeypatch, args, pattern):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))  # no model: the check must come first
+    one_line_error(invoke("train-draft", "--out", str(tmp_path / "d"), *args), pattern)
+
+
+def test_train_draft_resume_without_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    one_line_error(invoke("train-draft", "--out", str(tmp_path / "d"), "--resume"), "no readable checkpoint")
+
+
+@pytest.mark.parametrize("command", ["train-draft", "export-draft"])
+def test_out_folder_that_is_a_file(tmp_path, monkeypatch, command):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    f = tmp_path / "taken"
+    f.write_text("x")
+    one_line_error(invoke(command, "--out", str(f)), "is a file; give a folder")
+
+
+def test_chat_takes_model_and_draft_like_generate(monkeypatch):
+    import tui.chat.app
+
+    calls = []
+    monkeypatch.setattr(tui.chat.app, "run_chat", lambda *a: calls.append(a))
+    r = invoke("chat", "-m", "some.gguf", "-d", "ngram:2", "-k", "3")
+    assert r.exit_code == 0, r.output
+    assert calls == [("some.gguf", "ngram:2", 3, 0.0, 1.0, 512, "auto")]
+
+
+@pytest.mark.parametrize("cmd", ["bench", "sweep", "verify", "eval-draft"])
+def test_result_commands_print_json_or_write_out(cmd):
+    r = invoke(cmd, "--help", terminal_width=200)
+    assert r.exit_code == 0 and "--json" in r.output and "--out" in r.output
+
+
+@pytest.mark.model
+def test_sweep_json_to_stdout_and_out_file(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Repeat after me: the quick brown fox jumps over the lazy dog.\n")
+    out = tmp_path / "sweep.json"
+    r = invoke("sweep", "--k", "1", "--draft", "ngram:3", "--prompts", str(prompts), "-n", "6", "--warmup", "0",
+               "--json", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)  # stdout holds the result alone, no table
+    assert data == json.loads(out.read_text())
+    assert data["schema"] == 2 and [row["k"] for row in data["rows"]] == [1] and data["verdict"][0]["kind"]

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -11,19 +13,25 @@ def test_eval_uses_the_engine_on_held_out_prompts(lm, quick_draft):
     out, _ = quick_draft
     result = eval_draft(lm, str(out), ks=(2, 4), temps=(0.0, 1.0), per_category=1, max_tokens=12,
                         categories=("mt_bench", "math_reasoning"))
-    assert [(r["temp"], r["k"]) for r in result["results"]] == [(0.0, 2), (0.0, 4), (1.0, 2), (1.0, 4)]
-    for r in result["results"]:
-        assert 0.0 <= r["tau"] <= r["k"] and len(r["acceptance"]) == r["k"]
-        assert r["tokens"] > 0 and r["draft_ms"] > 0
+    assert [(r.temp, r.k) for r in result.results] == [(0.0, 2), (0.0, 4), (1.0, 2), (1.0, 4)]
+    for r in result.results:
+        assert 0.0 <= r.tau <= r.k and len(r.acceptance) == r.k
+        assert r.tokens > 0 and r.draft_ms > 0
         # tau is the mean accepted per step, so tokens = steps * (tau + 1) up to the last step's cut.
-        assert r["tokens"] <= r["steps"] * (r["tau"] + 1) + 1e-6
-    assert tau_at(result, 0.0, 4) == result["results"][1]["tau"]
-    assert len(result["prompts"]) == 2  # Spec-Bench: never trained on
+        assert r.tokens <= r.steps * (r.tau + 1) + 1e-6
+    assert tau_at(result, 0.0, 4) == result.results[1].tau
+    assert len(result.prompts) == 2  # Spec-Bench: never trained on
+    data = json.loads(json.dumps(result.to_json()))
+    assert data["schema"] == 2 and data["header"]["model"] and data["results"][1]["tau"] == result.results[1].tau
 
 
 def test_eval_cli_writes_json(tmp_path, quick_draft):
     out, _ = quick_draft
-    r = CliRunner().invoke(app, ["eval-draft", "--draft", str(out), "--k", "3", "-t", "0", "-n", "8", "--category", "qa",
-                                 "--json", str(tmp_path / "e.json")])
+    args = ["eval-draft", "--draft", str(out), "--k", "3", "-t", "0", "-n", "8", "--category", "qa"]
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "e.json")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "e.json").is_file() and "held-out" in r.output
+    r = CliRunner().invoke(app, [*args, "--json"])  # the result on stdout instead of the table
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [(x["temp"], x["k"]) for x in data["results"]] == [(0.0, 3)] and "held-out" not in r.stdout

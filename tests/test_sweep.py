@@ -1,4 +1,5 @@
-"""Tests for mlxspec.sweep: K parsing, the cost model, the verdict logic, and a tiny real sweep."""
+"""Tests for mlxspec.measure.sweep: K parsing, the cost model, the verdict logic (noise included),
+and a tiny real sweep."""
 
 from __future__ import annotations
 
@@ -6,13 +7,17 @@ import csv
 import io
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 from rich.console import Console
 
 import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
+from mlxspec.core.events import Done, Status, Step, Token
 from mlxspec.errors import MlxspecError
-from mlxspec.measure import sweep
+from mlxspec.measure import runs, sweep
+from mlxspec.measure.runs import Run
+from mlxspec.measure.verdict import Comparison, Interval, Kind
 
 # ----------------------------------------------------------------------------- parse_ks
 
@@ -75,11 +80,11 @@ def test_step_time_and_predicted_tps():
     # E = 2.2 tokens in T = 2*1 + 12 = 14 ms
     assert sweep.predicted_tps([0.8, 0.5], 2, 1.0, 12.0) == pytest.approx(2200 / 14)
     rows = sweep.cost_model([1, 2], [[0.8], [0.8, 0.5]], [1.0, 1.0], [11.0, 12.0], target_ms=10.0)
-    assert rows[0] == pytest.approx({"k": 1, "expected_tokens": 1.8, "step_ms": 12.0, "tps": 150.0, "speedup": 1.5})
-    assert rows[1]["expected_tokens"] == pytest.approx(2.2)
-    assert rows[1]["step_ms"] == pytest.approx(14.0)
-    assert rows[1]["tps"] == pytest.approx(2200 / 14)
-    assert rows[1]["speedup"] == pytest.approx(2.2 * 10 / 14)
+    assert asdict(rows[0]) == pytest.approx({"k": 1, "expected_tokens": 1.8, "step_ms": 12.0, "tps": 150.0, "speedup": 1.5})
+    assert rows[1].expected_tokens == pytest.approx(2.2)
+    assert rows[1].step_ms == pytest.approx(14.0)
+    assert rows[1].tps == pytest.approx(2200 / 14)
+    assert rows[1].speedup == pytest.approx(2.2 * 10 / 14)
 
 
 def test_verify_slope_flat_and_serial():
@@ -98,13 +103,24 @@ def test_argbest_picks_the_first_maximum():
     assert sweep.argbest([]) is None
 
 
-def test_step_rooms_and_position_acceptance():
-    # limit 6 tokens, K=2: 0 emitted -> room 2; after 3 -> room 2; after 4 -> room min(2, 6-4-1)=1
-    assert sweep.step_rooms([2, 0, 1], 2, 6) == [2, 2, 1]
+def test_position_acceptance_uses_the_room_the_engine_reported():
+    acc_, rej, cor, bon = Status.ACCEPTED, Status.REJECTED, Status.CORRECTED, Status.BONUS
     # steps (accepted, drafted, room): (2,2,2) (0,2,2) (1,1,2: drafter came up short) (1,1,1: no room)
-    acc, cov = sweep.position_acceptance([2, 0, 1, 1], [2, 2, 1, 1], [2, 2, 2, 1], 2)
+    events = [
+        Step([Token(1, acc_), Token(2, acc_), Token(3, bon)], k=2, accepted=2, draft_ms=1, verify_ms=5, room=2),
+        Step([Token(4, rej), Token(5, rej), Token(6, cor)], k=2, accepted=0, draft_ms=1, verify_ms=5, room=2),
+        Step([Token(7, acc_), Token(8, bon)], k=1, accepted=1, draft_ms=1, verify_ms=5, room=2),
+        Step([Token(9, acc_), Token(10, bon)], k=1, accepted=1, draft_ms=1, verify_ms=5, room=1),
+        Done(prompt_tokens=5, generated_tokens=7, prefill_s=0.1, decode_s=0.3, stop_reason="length", steps=4),
+    ]
+    run = runs.collect_run(events)
+    assert run.rooms == [2, 2, 2, 1]
+    acc, cov = sweep.position_acceptance(run.accepted, run.drafted, run.rooms, 2)
     assert acc == pytest.approx([3 / 4, 1 / 2])
     assert cov == pytest.approx([1.0, 1 / 2])
+    row = sweep.k_row(2, [sweep.SweepRun(2, 1, "a", 0, run, 1.2)], [12.0], 10.0, greedy=True)
+    assert row.acceptance == pytest.approx([3 / 4, 1 / 2]) and row.draft_coverage == pytest.approx([1.0, 1 / 2])
+    assert row.mean_accepted == pytest.approx(1.0)  # over the steps with full room: (2 + 0 + 1) / 3
     acc, cov = sweep.position_acceptance([], [], [], 2)
     assert acc == [None, None] and cov == [None, None]
 
@@ -119,73 +135,153 @@ def flat(p):
 
 
 def causes(d):
-    return [c["cause"] for c in d["causes"]]
+    return [c.cause for c in d.causes]
+
+
+def clear(*speedups):
+    """Paired speedups measured with a narrow interval (six pairs, +-0.02): clearly decided."""
+    return [Comparison(x, Interval(x - 0.02, x + 0.02, pairs=6), 6) for x in speedups]
+
+
+def texts(d):
+    return [v.text for v in d.verdict]
 
 
 def test_draft_too_slow_to_pay():
     # draft 9 ms per token against a 10 ms target token; verification flat
-    d = sweep.diagnose(KS, tps=[85.0, 70.0, 60.0], speedup=[0.85, 0.70, 0.60], acceptance=flat(0.7),
+    d = sweep.diagnose(KS, tps=[85.0, 70.0, 60.0], speedup=clear(0.85, 0.70, 0.60), acceptance=flat(0.7),
                        draft_ms_per_token=[9.0] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0, baseline_tps=100.0)
-    assert not d["pays"]
-    assert d["optimum_measured"] == {"k": 1, "tps": 85.0, "speedup": 0.85}
-    assert d["verify_kind"] == "batch-parallel"
+    assert not d.pays
+    assert (d.optimum_measured.k, d.optimum_measured.tps, d.optimum_measured.speedup) == (1, 85.0, 0.85)
+    assert d.verify_kind == "batch-parallel"
     assert causes(d) == ["draft_too_slow"]
-    assert "draft costs 0.9x the target — too slow to pay" in d["causes"][0]["message"]
-    assert d["verdict"][0].startswith("speculation does not pay here: the best K = 1 reaches only 0.85x")
-    assert any(line.startswith("why: draft costs 0.9x the target") for line in d["verdict"])
+    assert "draft costs 0.9x the target — too slow to pay" in d.causes[0].message
+    assert d.verdict[0].kind is Kind.SLOWER
+    assert texts(d)[0].startswith("speculation does not pay here: the best K = 1 reaches only 0.85x")
+    assert any(v.kind is Kind.CAUSE and v.text.startswith("why: draft costs 0.9x the target") for v in d.verdict)
 
 
 def test_serial_verification():
     # a pass over K+1 tokens costs K+1 token passes: the backend verifies one token at a time
-    d = sweep.diagnose(KS, tps=[90.0, 80.0, 70.0], speedup=[0.9, 0.8, 0.7], acceptance=flat(0.8),
+    d = sweep.diagnose(KS, tps=[90.0, 80.0, 70.0], speedup=clear(0.9, 0.8, 0.7), acceptance=flat(0.8),
                        draft_ms_per_token=[0.1] * 3, verify_ms=[20.0, 30.0, 40.0], target_ms=10.0)
-    assert d["verify_slope"] == pytest.approx(1.0)
-    assert d["verify_kind"] == "serial"
+    assert d.verify_slope == pytest.approx(1.0)
+    assert d.verify_kind == "serial"
     assert causes(d) == ["serial_verify"]
-    assert "verify cost grows ~linearly with K — this backend verifies serially" in d["causes"][0]["message"]
-    assert "4.0x one token" in d["causes"][0]["message"]
+    assert "verify cost grows ~linearly with K — this backend verifies serially" in d.causes[0].message
+    assert "4.0x one token" in d.causes[0].message
 
 
 def test_acceptance_too_low():
-    d = sweep.diagnose(KS, tps=[97.0, 95.0, 93.0], speedup=[0.97, 0.95, 0.93], acceptance=flat(0.05),
+    d = sweep.diagnose(KS, tps=[97.0, 95.0, 93.0], speedup=clear(0.97, 0.95, 0.93), acceptance=flat(0.05),
                        draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0)
     assert causes(d) == ["low_acceptance"]
-    msg = d["causes"][0]["message"]
+    msg = d.causes[0].message
     assert msg.startswith("acceptance too low: 5% of first drafts accepted, 0.05 tokens won per step at K=1")
     assert "proposed nothing" not in msg
     # a prompt-lookup drafter that finds no match proposes nothing: said so
-    d = sweep.diagnose(KS, tps=[97.0, 95.0, 93.0], speedup=[0.97, 0.95, 0.93], acceptance=flat(0.05),
+    d = sweep.diagnose(KS, tps=[97.0, 95.0, 93.0], speedup=clear(0.97, 0.95, 0.93), acceptance=flat(0.05),
                        draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0,
                        coverage=flat(0.25))
-    assert d["causes"][0]["message"].endswith("the drafter proposed nothing in 75% of steps")
+    assert d.causes[0].message.endswith("the drafter proposed nothing in 75% of steps")
 
 
 def test_overhead_when_the_model_predicts_a_gain_the_run_misses():
-    d = sweep.diagnose(KS, tps=[90.0, 85.0, 80.0], speedup=[0.9, 0.85, 0.8], acceptance=flat(0.8),
+    d = sweep.diagnose(KS, tps=[90.0, 85.0, 80.0], speedup=clear(0.9, 0.85, 0.8), acceptance=flat(0.8),
                        draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0)
     assert causes(d) == ["overhead"]
-    assert d["optimum_predicted"]["speedup"] > 1
+    assert d.optimum_predicted.speedup > 1
 
 
 def test_pays_names_both_optima_and_keeps_cost_causes_as_notes():
     acc = flat(0.8)
-    d = sweep.diagnose(KS, tps=[130.0, 150.0, 140.0], speedup=[1.3, 1.5, 1.4], acceptance=acc,
+    d = sweep.diagnose(KS, tps=[130.0, 150.0, 140.0], speedup=clear(1.3, 1.5, 1.4), acceptance=acc,
                        draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0, baseline_tps=100.0)
-    assert d["pays"] and causes(d) == []
-    assert d["optimum_measured"]["k"] == 2
+    assert d.pays and causes(d) == []
+    assert d.optimum_measured.k == 2
     # E(3) / T(3) = 2.952 / 11.8 ms beats K=2 (2.44 / 11.2) and K=1 (1.8 / 10.6)
-    assert d["optimum_predicted"]["k"] == 3
-    assert d["optimum_predicted"]["tps"] == pytest.approx(1e3 * 2.952 / 11.8)
-    assert d["verdict"][0] == "best K = 2: 1.50x target-only (150.0 vs 100.0 tok/s) — speculation pays here"
-    assert d["verdict"][1].startswith("cost model (measured acceptance and costs) predicts best K = 3")
-    assert "measured best K = 2" in d["verdict"][1]
+    assert d.optimum_predicted.k == 3
+    assert d.optimum_predicted.tps == pytest.approx(1e3 * 2.952 / 11.8)
+    assert d.verdict[0].kind is Kind.FASTER
+    assert texts(d)[0].startswith("best K = 2: 1.50x target-only (150.0 vs 100.0 tok/s) — speculation pays here "
+                                  "(95% interval 1.48x-1.52x over 6 paired runs)")
+    assert texts(d)[1].startswith("cost model (measured acceptance and costs) predicts best K = 3")
+    assert "measured best K = 2" in texts(d)[1] and d.verdict[1].kind is Kind.INFO
 
-    serial = sweep.diagnose(KS, tps=[130.0, 120.0, 110.0], speedup=[1.3, 1.2, 1.1], acceptance=flat(0.95),
+    serial = sweep.diagnose(KS, tps=[130.0, 120.0, 110.0], speedup=clear(1.3, 1.2, 1.1), acceptance=flat(0.95),
                             draft_ms_per_token=[0.1] * 3, verify_ms=[13.0, 16.0, 19.0], target_ms=10.0)
     # ratios 1.3, 1.6, 1.9: slope (0.3 + 1.2 + 2.7) / 14 = 0.3 extra token-times per draft
-    assert serial["verify_slope"] == pytest.approx(0.3)
-    assert serial["pays"] and causes(serial) == ["partly_serial_verify"]
-    assert any(line.startswith("note: verify cost grows") for line in serial["verdict"])
+    assert serial.verify_slope == pytest.approx(0.3)
+    assert serial.pays and causes(serial) == ["partly_serial_verify"]
+    assert any(v.kind is Kind.NOTE and v.text.startswith("note: verify cost grows") for v in serial.verdict)
+
+
+# ----------------------------------------------------------------------------- noise: paired verdicts
+
+
+def _run(tps, k, tokens=40):
+    """A scripted run at ``tps`` tokens/s: K drafts a step, one accepted each time."""
+    steps = tokens // 2 if k else tokens
+    total = tokens / tps
+    return Run(list(range(tokens)), 20, 0.1 * total, 0.9 * total, 2 if k else 1, "length", [1 if k else 0] * steps,
+               [k] * steps, [k] * steps, [0.2 * k] * steps, [11.0 + k] * steps)
+
+
+def _summary(speedups: dict[int, list[float]]):
+    """The sweep's summary of scripted runs: per prompt i the target runs at a prompt-dependent
+    speed, K at ``speedups[K][i]`` times it (the paired ratio the verdict rests on)."""
+    ks = sorted(speedups)
+    n = len(speedups[ks[0]])
+    base = [10.0 * (1 + 0.3 * (i % 3)) for i in range(n)]
+    runs_by = {0: [sweep.SweepRun(0, i, "c", 0, _run(base[i], 0)) for i in range(n)]}
+    for k in ks:
+        runs_by[k] = [sweep.SweepRun(k, i, "c", 0, _run(base[i] * sp, k), sp) for i, sp in enumerate(speedups[k])]
+    vt = {1: [10.0] * 3, **{k + 1: [11.0 + k] * 3 for k in ks}}
+    settings = sweep.SweepSettings(ks, "scripted", 0.0, 1.0, ["c"], 1, None, 40, 0, 0, 1, 0, 3)
+    header = runs.RunHeader("now", runs.Machine("p", "x", 2), "cpu", None, "0", None, "m", "float32")
+    return sweep.summarise(ks, runs_by, vt, 20, header, settings, None, [{"id": i} for i in range(n)])
+
+
+OVERLAPPING = [0.8, 1.25, 0.9, 1.15, 1.05, 0.95]
+
+
+@pytest.mark.parametrize("speedups, kind, words, pays", [
+    (OVERLAPPING, Kind.SAME, "no measurable difference from target-only", False),
+    ([1.4, 1.5, 1.45, 1.38, 1.52, 1.47], Kind.FASTER, "speculation pays here", True),
+    ([0.7, 0.75, 0.72, 0.68, 0.74, 0.71], Kind.SLOWER, "speculation does not pay here", False),
+])
+def test_sweep_verdict_rests_on_the_paired_interval(speedups, kind, words, pays):
+    result = _summary({1: speedups})
+    head = result.verdict[0]
+    assert head.kind is kind and words in head.text and result.pays is pays
+    assert str(head.interval) in head.text and head.interval.pairs == 6
+    assert head.interval.excludes(1.0) is (kind is not Kind.SAME)
+    data = json.loads(json.dumps(result.to_json()))
+    assert data["schema"] == 2 and data["verdict"][0]["kind"] == kind.value
+    assert data["verdict"][0]["interval"] == data["optimum_measured"]["interval"] == data["rows"][0]["interval"]
+    assert data["rows"][0]["verdict"] == kind.value
+
+
+def test_sweep_names_the_ks_indistinguishable_from_the_best():
+    # K=2 and K=3 within noise of each other, K=1 clearly slower than both
+    result = _summary({1: [1.10, 1.12, 1.09, 1.11, 1.10, 1.12],
+                       2: [1.50, 1.42, 1.55, 1.47, 1.38, 1.52],
+                       3: [1.45, 1.50, 1.48, 1.52, 1.44, 1.49]})
+    best = result.optimum_measured
+    assert best.k in (2, 3) and best.indistinguishable == [5 - best.k]
+    note = next(v for v in result.verdict if "indistinguishable" in v.text)
+    assert note.kind is Kind.NOTE and f"K={5 - best.k} is indistinguishable from the best K = {best.k}" in note.text
+    assert [(r.k, r.is_optimum, r.indistinguishable) for r in result.rows] == [
+        (1, False, False), (2, best.k == 2, best.k == 3), (3, best.k == 3, best.k == 2)]
+    out = io.StringIO()
+    sweep.print_sweep(result, Console(file=out, width=250))
+    assert f"{5 - best.k} ≈" in out.getvalue() and f"{best.k} ★" in out.getvalue()
+
+
+def test_sweep_with_too_few_prompts_cannot_tell_ks_apart():
+    result = _summary({1: [1.2, 1.3], 2: [1.6, 1.7]})
+    assert result.verdict[0].kind is Kind.SAME and "too few to tell" in result.verdict[0].text
+    assert result.optimum_measured.k == 2 and result.optimum_measured.indistinguishable == [1]
 
 
 # ----------------------------------------------------------------------------- a tiny real sweep
@@ -200,7 +296,8 @@ def test_tiny_real_sweep(lm, tmp_path):
     result = sweep.run_sweep([1, 2], model_spec=lm, draft="ngram:3", prompts_file=prompts, max_tokens=8,
                              warmup=0, repeats=1, verify_reps=2,
                              progress=lambda i, n, label: calls.append((i, n, label)))
-    result = json.loads(json.dumps(result))  # JSON-serialisable, and read back as a user would
+    record = result
+    result = json.loads(json.dumps(result.to_json()))  # JSON-serialisable, and read back as a user would
 
     assert [r["k"] for r in result["rows"]] == [1, 2]
     assert result["baseline"]["tps"] > 0 and result["verification"]["target_ms"] > 0
@@ -215,22 +312,23 @@ def test_tiny_real_sweep(lm, tmp_path):
     assert [r["k"] for r in result["rows"] if r["is_optimum"]] == [best["k"]]
     assert result["optimum_predicted"]["k"] in (1, 2)
     assert [p["k"] for p in result["verification"]["per_k"]] == [1, 2]
-    assert result["verdict"] and isinstance(result["verdict"][0], str)
+    assert result["verdict"] and isinstance(result["verdict"][0]["text"], str)
+    assert all(len(x["rooms"]) == x["steps"] for x in [r.run.to_json() for r in record.runs])
     assert calls and calls[-1][0] == calls[-1][1]  # the progress bar ends full
 
     out = io.StringIO()
-    sweep.print_sweep(result, Console(file=out, width=200))
+    sweep.print_sweep(record, Console(file=out, width=200))
     text = out.getvalue()
-    assert "K sweep" in text and "verification parallelism" in text and result["verdict"][0][:20] in text
+    assert "K sweep" in text and "verification parallelism" in text and result["verdict"][0]["text"][:20] in text
 
-    csv_path = sweep.write_csv(result, tmp_path / "sweep.csv")
+    csv_path = sweep.write_csv(record, tmp_path / "sweep.csv")
     with csv_path.open() as f:
         table = list(csv.reader(f))
     assert table[0][:2] == ["k", "tps"] and "acc_2" in table[0]
     assert [row[0] for row in table[1:]] == ["1", "2"]
     assert math.isclose(float(table[1][1]), result["rows"][0]["tps"])
 
-    png = sweep.plot_sweep(result, tmp_path / "sweep.png")
+    png = sweep.plot_sweep(record, tmp_path / "sweep.png")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image

@@ -87,11 +87,11 @@ def test_chart_fills_in_run_by_run_and_marks_the_optimum():
             await wait_for(pilot, lambda: app.finished)
             await pilot.pause()
             result = app.result
-            best = max(result["rows"], key=lambda r: r["tps"])["k"]
-            assert result["optimum_measured"]["k"] == best
+            best = max(result.rows, key=lambda r: r.tps).k
+            assert result.optimum_measured.k == best
             assert "★" in row(app, f"K={best}") and "1/2" not in "\n".join(chart(app))
             text = "\n".join(chart(app))
-            assert result["verdict"][0] in text  # the explanation under the chart
+            assert result.verdict[0].text in text  # the explanation under the chart
             assert app.query_one("#phase").render().plain.startswith(f"done: best K = {best}")
             bar = app.query_one("#bar")
             assert bar.progress == bar.total
@@ -101,6 +101,23 @@ def test_chart_fills_in_run_by_run_and_marks_the_optimum():
             await wait_for(pilot, lambda: not app.is_running)
 
     run(go())
+
+
+def test_demo_result_is_a_sweep_summary_coloured_by_kind():
+    """The scripted demo goes through the sweep's own summary: six prompts clearly faster
+    than target-only pay; the chart colours each verdict line by its kind, not its words."""
+    from mlxspec.measure.verdict import Kind, style
+
+    result = demo_runner([1, 2, 4], prompts=6)(lambda *a: None, lambda run: None)
+    assert result.verdict[0].kind is Kind.FASTER and result.pays
+    assert result.optimum_measured.interval.lo > 1.0
+    text = chart_text([1, 2, 4], {}, 140, result)
+    spans = {text.plain[s.start:s.end].strip(): str(s.style) for s in text.spans}
+    for v in result.verdict:
+        if style(v.kind):
+            assert spans.get(v.text) == style(v.kind)
+    few = demo_runner([1, 2], prompts=2)(lambda *a: None, lambda run: None)
+    assert few.verdict[0].kind is Kind.SAME and "too few" in few.verdict[0].text
 
 
 def test_quit_mid_sweep_stops_after_the_current_run():
@@ -156,9 +173,9 @@ def test_tiny_real_sweep_in_the_app(lm, tmp_path):
             assert app.error is None
             result = app.result
             assert sorted(app.series) == [0, 1, 2] and all(s.done == s.of == 1 for s in app.series.values())
-            best = max(result["rows"], key=lambda r: r["tps"])["k"]
-            assert result["optimum_measured"]["k"] == best and "★" in row(app, f"K={best}")
-            assert f"{result['baseline']['tps']:.1f} tok/s" in row(app, "target")
+            best = max(result.rows, key=lambda r: r.tps).k
+            assert result.optimum_measured.k == best and "★" in row(app, f"K={best}")
+            assert f"{result.baseline.tps:.1f} tok/s" in row(app, "target")
             await pilot.press("q")
             await wait_for(pilot, lambda: not app.is_running)
         app.wait_for_worker_exit()

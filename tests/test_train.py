@@ -146,10 +146,9 @@ def test_quick_cli_run_for_each_loss_decreases_it(tmp_path, quick_draft, loss, w
 
     from mlxspec.cli import app
 
-    r = CliRunner().invoke(app, ["train-draft", "--quick", "--loss", loss, "--out", str(tmp_path / loss),
-                                 "--json", str(tmp_path / "s.json")])
+    r = CliRunner().invoke(app, ["train-draft", "--quick", "--loss", loss, "--out", str(tmp_path / loss), "--json"])
     assert r.exit_code == 0, r.output
-    first, last = json.loads((tmp_path / "s.json").read_text())["trend"][watch]
+    first, last = json.loads(r.stdout)["trend"][watch]
     assert (last < first) if watch == "kl" else (last > first), (first, last)
 
 

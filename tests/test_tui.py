@@ -395,6 +395,18 @@ def test_run_chat_rejects_bad_options_before_starting(kwargs, message):
         run_chat(**kwargs)
 
 
+def test_python_m_tui_takes_the_cli_option_names(monkeypatch, capsys):
+    import tui.__main__ as entry
+
+    calls = []
+    monkeypatch.setattr(entry, "run_chat", lambda *a: calls.append(a))
+    assert entry.main(["-m", "some.gguf", "-d", "ngram:2", "-k", "3", "-t", "0.5", "-n", "9"]) == 0
+    assert calls == [("some.gguf", "ngram:2", 3, 0.5, 1.0, 9, "auto")]
+    monkeypatch.undo()  # the real run_chat refuses bad options before the UI starts
+    assert entry.main(["--k", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: --k must be in 1..64, got 0"]
+
+
 # ----------------------------------------------------------------------------- real model
 class Recording:
     """Wraps a source and keeps every engine event it produced."""

@@ -30,7 +30,9 @@ def tiny_target(seed: int = 0, vocab: dict[str, int] | None = None) -> SimpleNam
                       intermediate_size=64, rope_theta=10000.0)
     model = Llama(cfg)
     mx.eval(model.parameters())
-    tok = SimpleNamespace(_tokenizer=_Vocab(vocab or {f"t{i}": i for i in range(VOCAB)}), eos_token_ids={0})
+    words = _Vocab(vocab or {f"t{i}": i for i in range(VOCAB)})
+    # As mlx-lm's TokenizerWrapper: get_vocab forwarded to the tokenizer it wraps (_tokenizer).
+    tok = SimpleNamespace(_tokenizer=words, get_vocab=words.get_vocab, eos_token_ids={0})
     return SimpleNamespace(model=model, tokenizer=tok, name="tiny", config=cfg, dtype="float32")
 
 

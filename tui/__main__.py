@@ -13,12 +13,13 @@ from .chat.source import Settings
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tui", description="mlxspec chat: speculative decoding, live.")
-    ap.add_argument("--target", default="default", help="registry name, .gguf file or mlx-lm folder")
-    ap.add_argument("--draft", default="default", help="default, none, ngram[:N], self:L or a draft path")
-    ap.add_argument("--k", type=int, default=4, help="draft tokens per step")
-    ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    # the same option names as `mlxspec chat`
+    ap.add_argument("--model", "-m", default="default", help="registry name, .gguf file or mlx-lm folder")
+    ap.add_argument("--draft", "-d", default="default", help="default, none, ngram[:N], self:L or a draft path")
+    ap.add_argument("--k", "-k", type=int, default=4, help="draft tokens per step")
+    ap.add_argument("--temp", "-t", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    ap.add_argument("--max-tokens", type=int, default=512, help="new tokens per answer")
+    ap.add_argument("--max-tokens", "-n", type=int, default=512, help="new tokens per answer")
     ap.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16, quantized")
     ap.add_argument("--demo", action="store_true", help="scripted fake events, no model (slowed down)")
     a = ap.parse_args(argv)
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             ChatApp(FakeSource(delay=0.3), Settings(a.draft, a.k, temp=a.temp, top_p=a.top_p),
                     loading_label="the demo source").run()
         else:
-            run_chat(a.target, a.draft, a.k, a.temp, a.top_p, a.max_tokens, a.dtype)
+            run_chat(a.model, a.draft, a.k, a.temp, a.top_p, a.max_tokens, a.dtype)
     except MlxspecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

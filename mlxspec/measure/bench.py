@@ -18,53 +18,80 @@ each (end-of-sequence ignored), timed the same way from outside the generator:
 Each repeat runs every prompt through both, the order alternating pair by pair to cancel drift.
 The floor is the time one decoded token needs just to stream its weights through memory at the
 copy bandwidth MLX reaches on this machine.
+
+Results are records (``BaselineResult``, ``SpecBenchResult``) whose ``to_json()`` is the
+result JSON (schema 2, see ``runs``). Verdicts rest on paired comparisons (``verdict``).
 """
 
 from __future__ import annotations
 
 import copy
-import datetime as _dt
-import json
 import math
-import os
-import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from importlib import metadata
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
-from mlxspec.runtime import BLAS, backend_description  # (imports runtime before mlx)
+from mlxspec.errors import MlxspecError
+from mlxspec.measure.runs import (
+    QUESTIONS_FILE,
+    SCHEMA,
+    WARMUP_TOKENS,
+    MethodStats,
+    Run,
+    RunHeader,
+    data_dir,
+    encode_prompts,
+    engine_run,
+    fallback_prompts,
+    first_mismatch,
+    fmt,
+    fmt_list,
+    jsonl_rows,
+    method_stats,
+    prepare_speculative_run,
+    prepared_prompts,
+    progress_ticker,
+    run_header,
+    spec_bench_prompts,
+    timed_tokens,
+)
+from mlxspec.measure.verdict import (
+    Comparison,
+    Kind,
+    Verdict,
+    markup,
+    median_ratio,
+    pooled_ratio,
+)
+
+Progress = Callable[[int, int, str], Any] | None
 
 # The first question of three different Spec-Bench categories (chat-style writing, code,
 # GSM8K maths), all short single-turn prompts. question_id -> category, first turn used.
 DEFAULT_QUESTIONS: dict[int, str] = {81: "writing", 121: "coding", 401: "math_reasoning"}
-QUESTIONS_FILE = "spec_bench_questions.jsonl"
-# Used when the shared data folder is missing.
-FALLBACK_PROMPTS: tuple[str, ...] = (
-    "Write a short paragraph about the history of the bicycle.",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "A shop sells pens at 3 dollars each. How much do 7 pens cost? Explain step by step.",
-)
 
 BANDWIDTH_BYTES = 256 * 1024 * 1024  # copied when measuring bandwidth, far above any cache
 IMPLEMENTATIONS = ("mlxspec", "mlx_lm")
 LABELS = {"mlxspec": "mlxspec generate_plain", "mlx_lm": "mlx-lm stream_generate"}
 
 
+# ----------------------------------------------------------------------------- small helpers
+
+
+def fmt_t(t: float) -> str:
+    return f"T={t:g}"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 # ----------------------------------------------------------------------------- prompts
-
-
-def data_dir() -> Path:
-    """The shared prompt data: ``$MLXSPEC_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("MLXSPEC_DATA")
-    if env:
-        return Path(env).expanduser()
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def default_prompts() -> list[dict[str, Any]]:
@@ -72,19 +99,14 @@ def default_prompts() -> list[dict[str, Any]]:
     path = data_dir() / QUESTIONS_FILE
     found: dict[int, dict[str, Any]] = {}
     if path.is_file():
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                qid = row.get("question_id")
-                if qid in DEFAULT_QUESTIONS and row.get("turns"):
-                    found[qid] = {"id": qid, "category": row.get("category", DEFAULT_QUESTIONS[qid]),
-                                  "text": row["turns"][0]}
+        for row in jsonl_rows(path):
+            qid = row.get("question_id")
+            if qid in DEFAULT_QUESTIONS and row.get("turns"):
+                found[qid] = {"id": qid, "category": row.get("category", DEFAULT_QUESTIONS[qid]),
+                              "text": row["turns"][0]}
     if len(found) == len(DEFAULT_QUESTIONS):
         return [found[q] for q in DEFAULT_QUESTIONS]
-    return [{"id": f"builtin-{i + 1}", "category": "builtin", "text": t}
-            for i, t in enumerate(FALLBACK_PROMPTS)]
+    return [{k: v for k, v in it.items() if k != "source_category"} for it in fallback_prompts()]
 
 
 # ----------------------------------------------------------------------------- bandwidth
@@ -120,38 +142,76 @@ def measure_bandwidth(nbytes: int = BANDWIDTH_BYTES, runs: int = 9, warmup: int 
     return 2 * n * 4 / statistics.median(times) / 1e9
 
 
-# ----------------------------------------------------------------------------- timed runs
+# ============================================================================= baseline bench
 
 
-@dataclass
-class Run:
-    tokens: list[int]
-    prompt_tokens: int
-    prefill_s: float
-    decode_s: float
+@dataclass(frozen=True)
+class ImplStats:
+    """Decode and prefill speed of one implementation over its runs."""
+
+    decode_tps_median: float
+    decode_tps_min: float
+    decode_tps_max: float
+    prefill_tps_median: float
+    ms_per_token: float
+    floor_ratio: float
+    tokens_per_run: list[int]
+    runs: int
+    decode_tps_all: list[float]
+
+
+def impl_stats(runs: list[Run], floor_ms: float) -> ImplStats:
+    dec = [r.decode_tps or 0.0 for r in runs]
+    med = statistics.median(dec)
+    ms = 1e3 / med if med > 0 else math.inf
+    return ImplStats(med, min(dec), max(dec), statistics.median([r.prefill_tps for r in runs]), ms,
+                     ms / floor_ms if floor_ms > 0 else math.inf, sorted({r.generated_tokens for r in runs}),
+                     len(runs), dec)
+
+
+@dataclass(frozen=True)
+class Goals:
+    mlxspec_at_least_mlx_lm: bool
+    mlxspec_within_1_5x_floor: bool
+
+
+@dataclass(frozen=True)
+class BaselineSettings:
+    max_tokens: int
+    warmup: int
+    repeats: int
+    prompts: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """``baseline_bench``'s result. ``ratio`` = mlxspec median decode tps / mlx-lm's;
+    ``verdict``: the paired comparison of decode tokens/s, run pair by run pair."""
+
+    header: RunHeader
+    settings: BaselineSettings
+    implementations: dict[str, ImplStats]
+    ratio: float
+    bandwidth_gbs: float
+    weight_bytes_per_token: int
+    floor_ms_per_token: float
+    same_tokens: float | None
+    goals: Goals
+    verdict: Verdict
 
     @property
-    def decode_tps(self) -> float:
-        n = len(self.tokens) - 1
-        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+    def floor_ratio(self) -> dict[str, float]:
+        return {k: v.floor_ratio for k, v in self.implementations.items()}
 
-    @property
-    def prefill_tps(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
-
-
-def _timed(tokens: Iterator[int], prompt_tokens: int) -> Run:
-    """Time an iterator of token ids: start before the first ``next``, stamp each token."""
-    out: list[int] = []
-    t0 = time.perf_counter()
-    t_first = t_last = t0
-    for tok in tokens:
-        now = time.perf_counter()
-        if not out:
-            t_first = now
-        t_last = now
-        out.append(tok)
-    return Run(out, prompt_tokens, t_first - t0, t_last - t_first)
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, **self.header.to_json(), "settings": asdict(self.settings),
+            "implementations": {k: asdict(v) for k, v in self.implementations.items()},
+            "ratio": self.ratio, "bandwidth_gbs": self.bandwidth_gbs,
+            "weight_bytes_per_token": self.weight_bytes_per_token, "floor_ms_per_token": self.floor_ms_per_token,
+            "floor_ratio": self.floor_ratio, "same_tokens": self.same_tokens, "goals": asdict(self.goals),
+            "verdict": self.verdict.to_json(),
+        }
 
 
 def _mlxspec_tokens(lm, ids: list[int], max_tokens: int) -> Iterator[int]:
@@ -179,50 +239,59 @@ def _no_eos(tokenizer):
     return tok
 
 
-def _stats(runs: list[Run], floor_ms: float) -> dict[str, Any]:
-    dec = [r.decode_tps for r in runs]
-    pre = [r.prefill_tps for r in runs]
-    med = statistics.median(dec)
-    ms = 1e3 / med if med > 0 else math.inf
-    return {
-        "decode_tps_median": med,
-        "decode_tps_min": min(dec),
-        "decode_tps_max": max(dec),
-        "prefill_tps_median": statistics.median(pre),
-        "ms_per_token": ms,
-        "floor_ratio": ms / floor_ms if floor_ms > 0 else math.inf,
-        "tokens_per_run": sorted({len(r.tokens) for r in runs}),
-        "runs": len(runs),
-        "decode_tps_all": dec,
-    }
+def _baseline_items(prompts: list[str] | None) -> list[dict[str, Any]]:
+    if prompts is None:
+        return default_prompts()
+    if not prompts:
+        raise MlxspecError("no prompts to benchmark")
+    return [{"id": f"custom-{i + 1}", "category": "custom", "text": t} for i, t in enumerate(prompts)]
 
 
-# ----------------------------------------------------------------------------- the benchmark
+def _baseline_runner(lm, max_tokens: int) -> Callable[[str, list[int]], Run]:
+    """Runs one implementation on one prompt, exactly ``max_tokens`` tokens, timed from outside."""
+    from mlxspec.targets import loading
+
+    ref_model = loading.to_mlx_lm(lm.model)
+    mx.eval(ref_model.parameters())
+    ref_tok = _no_eos(lm.tokenizer)
+
+    def run(impl: str, p: list[int]) -> Run:
+        tokens = (_mlxspec_tokens(lm, p, max_tokens) if impl == "mlxspec"
+                  else _mlx_lm_tokens(ref_model, ref_tok, p, max_tokens))
+        got = timed_tokens(tokens, len(p))
+        if got.generated_tokens != max_tokens:
+            raise MlxspecError(f"{LABELS[impl]} produced {got.generated_tokens} tokens, expected {max_tokens}")
+        return got
+
+    return run
 
 
-def run_header(lm) -> dict[str, Any]:
-    """Where and on what a measurement ran: the first keys of every result JSON."""
+def _time_baseline_pairs(run: Callable[[str, list[int]], Run], items: list[dict[str, Any]], ids: list[list[int]],
+                         repeats: int, progress: Progress) -> list[dict[str, Run]]:
+    """Every (repeat, prompt) pair through both implementations, the order alternating."""
+    pairs: list[dict[str, Run]] = []
+    total = repeats * len(items) * len(IMPLEMENTATIONS)
+    for r in range(repeats):
+        for it, p in zip(items, ids):
+            order = IMPLEMENTATIONS if len(pairs) % 2 == 0 else IMPLEMENTATIONS[::-1]
+            got: dict[str, Run] = {}
+            for impl in order:
+                got[impl] = run(impl, p)
+                if progress is not None:
+                    done = len(pairs) * len(IMPLEMENTATIONS) + len(got)
+                    progress(done, total, f"{LABELS[impl]} · {it['category']} #{it['id']} · repeat {r + 1}/{repeats}")
+            pairs.append(got)
+    return pairs
 
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
 
-    return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-        },
-        "backend": backend_description(),
-        "blas": BLAS.library,
-        "mlx_version": mx.__version__,
-        "mlx_lm_version": version("mlx-lm") or version("mlx_lm"),
-        "model": lm.name,
-        "dtype": lm.dtype,
-    }
+def baseline_verdict(pairs: list[dict[str, Run]]) -> Verdict:
+    """mlxspec against mlx-lm on decode tokens/s: median of the paired ratios, with its interval."""
+    c = median_ratio([_ratio(p["mlxspec"].decode_tps, p["mlx_lm"].decode_tps) for p in pairs])
+    if c.ratio is None:
+        return Verdict(Kind.EMPTY, "no timed runs")
+    words = {Kind.FASTER: "mlxspec decodes faster than mlx-lm", Kind.SLOWER: "mlxspec decodes slower than mlx-lm",
+             Kind.SAME: "no measurable difference in decode speed between mlxspec and mlx-lm"}[c.kind]
+    return Verdict(c.kind, f"{words}: {c.ratio:.2f}x median per pair ({c.describe()})", c.interval)
 
 
 def baseline_bench(
@@ -232,151 +301,88 @@ def baseline_bench(
     max_tokens: int = 64,
     warmup: int = 1,
     repeats: int = 3,
-    progress: Callable[[int, int, str], Any] | None = None,
-) -> dict[str, Any]:
+    progress: Progress = None,
+) -> BaselineResult:
     """Decode/prefill tokens/s of mlxspec's ``generate_plain`` and mlx-lm's ``stream_generate``
-    on the same weights, side by side, plus the memory-bandwidth floor. JSON-serialisable.
+    on the same weights, side by side, plus the memory-bandwidth floor.
 
-    Result keys: date, machine{platform, processor, cpu_count}, backend, blas, mlx_version,
-    mlx_lm_version, model, dtype, settings{max_tokens, warmup, repeats, prompts[{id, category,
-    prompt_tokens}]}, implementations{mlxspec, mlx_lm: {decode_tps_median, decode_tps_min,
-    decode_tps_max, prefill_tps_median, ms_per_token, floor_ratio, ...}}, ratio (mlxspec median
-    decode tps / mlx-lm's), bandwidth_gbs, weight_bytes_per_token, floor_ms_per_token,
-    floor_ratio{mlxspec, mlx_lm}, same_tokens, goals.
+    JSON keys (``to_json``): schema, date, machine{platform, processor, cpu_count}, backend, blas,
+    mlx_version, mlx_lm_version, model, dtype, settings{max_tokens, warmup, repeats, prompts[{id,
+    category, source_category, prompt_tokens}]}, implementations{mlxspec, mlx_lm:
+    {decode_tps_median, decode_tps_min, decode_tps_max, prefill_tps_median, ms_per_token,
+    floor_ratio, ...}}, ratio (mlxspec median decode tps / mlx-lm's), bandwidth_gbs,
+    weight_bytes_per_token, floor_ms_per_token, floor_ratio{mlxspec, mlx_lm}, same_tokens, goals,
+    verdict.
     """
-    from mlxspec.errors import MlxspecError
     from mlxspec.targets import loading
-    from mlxspec.targets.tokenizer import encode_prompt
 
     if max_tokens < 2:
         raise MlxspecError(f"max_tokens must be >= 2 to time decoding, got {max_tokens}")
     if repeats < 1 or warmup < 0:
         raise MlxspecError("repeats must be >= 1 and warmup >= 0")
-
-    if prompts is None:
-        items = default_prompts()
-    else:
-        if not prompts:
-            raise MlxspecError("no prompts to benchmark")
-        items = [{"id": f"custom-{i + 1}", "category": "custom", "text": t} for i, t in enumerate(prompts)]
-
+    items = _baseline_items(prompts)
     bandwidth = measure_bandwidth()
-
     lm = loading.load(model_spec, dtype)
-    ref_model = loading.to_mlx_lm(lm.model)
-    mx.eval(ref_model.parameters())
-    ref_tok = _no_eos(lm.tokenizer)
-    ids = [encode_prompt(lm.tokenizer, it["text"]) for it in items]
-    for it, p in zip(items, ids):
-        if len(p) + max_tokens >= lm.context_length:
-            raise MlxspecError(f"prompt {it['id']} ({len(p)} tokens) + {max_tokens} exceeds the context")
-
-    def run(impl: str, p: list[int]) -> Run:
-        if impl == "mlxspec":
-            return _timed(_mlxspec_tokens(lm, p, max_tokens), len(p))
-        return _timed(_mlx_lm_tokens(ref_model, ref_tok, p, max_tokens), len(p))
-
+    ids = encode_prompts(lm, items, max_tokens)
+    run = _baseline_runner(lm, max_tokens)
     for _ in range(warmup):
         for impl in IMPLEMENTATIONS:
             run(impl, ids[0])
-
-    runs: dict[str, list[Run]] = {k: [] for k in IMPLEMENTATIONS}
-    same: list[bool] = []
-    total = repeats * len(items) * len(IMPLEMENTATIONS)
-    done, pair = 0, 0
-    for r in range(repeats):
-        for it, p in zip(items, ids):
-            order = IMPLEMENTATIONS if pair % 2 == 0 else IMPLEMENTATIONS[::-1]
-            pair += 1
-            got = {}
-            for impl in order:
-                got[impl] = run(impl, p)
-                if len(got[impl].tokens) != max_tokens:
-                    raise MlxspecError(
-                        f"{LABELS[impl]} produced {len(got[impl].tokens)} tokens, expected {max_tokens}"
-                    )
-                runs[impl].append(got[impl])
-                done += 1
-                if progress is not None:
-                    progress(done, total, f"{LABELS[impl]} · {it['category']} #{it['id']} · repeat {r + 1}/{repeats}")
-            same.append(got["mlxspec"].tokens == got["mlx_lm"].tokens)
+    pairs = _time_baseline_pairs(run, items, ids, repeats, progress)
 
     weight_bytes = int(lm.weight_bytes_per_token())
     floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3 if bandwidth > 0 else 0.0
-    impls = {k: _stats(v, floor_ms) for k, v in runs.items()}
-    a, b = impls["mlxspec"]["decode_tps_median"], impls["mlx_lm"]["decode_tps_median"]
+    impls = {impl: impl_stats([p[impl] for p in pairs], floor_ms) for impl in IMPLEMENTATIONS}
+    a, b = impls["mlxspec"].decode_tps_median, impls["mlx_lm"].decode_tps_median
     ratio = a / b if b > 0 else math.inf
-
-    return {
-        **run_header(lm),
-        "settings": {
-            "max_tokens": max_tokens,
-            "warmup": warmup,
-            "repeats": repeats,
-            "prompts": [{"id": it["id"], "category": it["category"], "prompt_tokens": len(p)}
-                        for it, p in zip(items, ids)],
-        },
-        "implementations": impls,
-        "ratio": ratio,
-        "bandwidth_gbs": bandwidth,
-        "weight_bytes_per_token": weight_bytes,
-        "floor_ms_per_token": floor_ms,
-        "floor_ratio": {k: v["floor_ratio"] for k, v in impls.items()},
-        "same_tokens": sum(same) / len(same) if same else None,
-        "goals": {
-            "mlxspec_at_least_mlx_lm": ratio >= 1.0,
-            "mlxspec_within_1_5x_floor": impls["mlxspec"]["floor_ratio"] <= 1.5,
-        },
-    }
+    same = [p["mlxspec"].tokens == p["mlx_lm"].tokens for p in pairs]
+    return BaselineResult(
+        header=run_header(lm),
+        settings=BaselineSettings(max_tokens, warmup, repeats, prepared_prompts(items, ids)),
+        implementations=impls, ratio=ratio, bandwidth_gbs=bandwidth, weight_bytes_per_token=weight_bytes,
+        floor_ms_per_token=floor_ms, same_tokens=sum(same) / len(same) if same else None,
+        goals=Goals(ratio >= 1.0, impls["mlxspec"].floor_ratio <= 1.5), verdict=baseline_verdict(pairs),
+    )
 
 
-def print_baseline(result: dict[str, Any], console) -> None:
-    """Render a ``baseline_bench`` result as a rich table plus a short summary."""
+def _baseline_table(result: BaselineResult):
     from rich.table import Table
 
-    s = result["settings"]
-    prompts = ", ".join(f"{p['category']} #{p['id']} ({p['prompt_tokens']} tok)" for p in s["prompts"])
+    s, h = result.settings, result.header
+    prompts = ", ".join(f"{p['category']} #{p['id']} ({p['prompt_tokens']} tok)" for p in s.prompts)
     table = Table(
-        title=f"Baseline decoding: {result['model']} ({result['dtype']}), {result['backend']}",
-        caption=(f"{s['max_tokens']} tokens per run, {s['warmup']} warm-up, {s['repeats']} repeats x "
-                 f"{len(s['prompts'])} prompts: {prompts}"),
+        title=f"Baseline decoding: {h.model} ({h.dtype}), {h.backend}",
+        caption=(f"{s.max_tokens} tokens per run, {s.warmup} warm-up, {s.repeats} repeats x "
+                 f"{len(s.prompts)} prompts: {prompts}"),
     )
-    table.add_column("implementation")
-    table.add_column("decode tok/s (median)", justify="right")
-    table.add_column("min - max", justify="right")
-    table.add_column("prefill tok/s", justify="right")
-    table.add_column("ms/token", justify="right")
-    table.add_column("x floor", justify="right")
-    for key, st in result["implementations"].items():
-        table.add_row(
-            LABELS.get(key, key),
-            f"{st['decode_tps_median']:.1f}",
-            f"{st['decode_tps_min']:.1f} - {st['decode_tps_max']:.1f}",
-            f"{st['prefill_tps_median']:.0f}",
-            f"{st['ms_per_token']:.2f}",
-            f"{st['floor_ratio']:.2f}x",
-        )
-    table.add_row(
-        "bandwidth floor",
-        f"{1e3 / result['floor_ms_per_token']:.1f}" if result["floor_ms_per_token"] > 0 else "-",
-        "", "",
-        f"{result['floor_ms_per_token']:.2f}",
-        "1.00x",
-        style="dim",
-    )
-    console.print(table)
-    g = result["goals"]
-    ok = lambda b: "[green]yes[/]" if b else "[red]no[/]"  # noqa: E731
+    for col, just in (("implementation", "left"), ("decode tok/s (median)", "right"), ("min - max", "right"),
+                      ("prefill tok/s", "right"), ("ms/token", "right"), ("x floor", "right")):
+        table.add_column(col, justify=just)
+    for key, st in result.implementations.items():
+        table.add_row(LABELS.get(key, key), f"{st.decode_tps_median:.1f}",
+                      f"{st.decode_tps_min:.1f} - {st.decode_tps_max:.1f}", f"{st.prefill_tps_median:.0f}",
+                      f"{st.ms_per_token:.2f}", f"{st.floor_ratio:.2f}x")
+    floor = result.floor_ms_per_token
+    table.add_row("bandwidth floor", f"{1e3 / floor:.1f}" if floor > 0 else "-", "", "", f"{floor:.2f}", "1.00x",
+                  style="dim")
+    return table
+
+
+def print_baseline(result: BaselineResult, console) -> None:
+    """Render a ``baseline_bench`` result as a rich table plus a short summary."""
+    console.print(_baseline_table(result))
+    g = result.goals
+    ok = lambda b: "[green]yes[/]" if b else "[red]no[/]"
+    console.print(f"ratio mlxspec / mlx-lm (decode): [bold]{result.ratio:.3f}[/] "
+                  f"(goal >= 1.0: {ok(g.mlxspec_at_least_mlx_lm)})")
+    console.print(markup(result.verdict.kind, result.verdict.text), highlight=False)
     console.print(
-        f"ratio mlxspec / mlx-lm (decode): [bold]{result['ratio']:.3f}[/] (goal >= 1.0: {ok(g['mlxspec_at_least_mlx_lm'])})"
+        f"bandwidth {result.bandwidth_gbs:.1f} GB/s, {result.weight_bytes_per_token / 1e6:.1f} MB of weights "
+        f"per token -> floor {result.floor_ms_per_token:.2f} ms/token; mlxspec at "
+        f"{result.floor_ratio['mlxspec']:.2f}x the floor (goal <= 1.5x: {ok(g.mlxspec_within_1_5x_floor)})"
     )
-    console.print(
-        f"bandwidth {result['bandwidth_gbs']:.1f} GB/s, {result['weight_bytes_per_token'] / 1e6:.1f} MB of weights "
-        f"per token -> floor {result['floor_ms_per_token']:.2f} ms/token; mlxspec at "
-        f"{result['floor_ratio']['mlxspec']:.2f}x the floor (goal <= 1.5x: {ok(g['mlxspec_within_1_5x_floor'])})"
-    )
-    if result.get("same_tokens") is not None and result["same_tokens"] < 1:
-        console.print(f"[yellow]note:[/] identical greedy tokens in {result['same_tokens']:.0%} of run pairs")
+    if result.same_tokens is not None and result.same_tokens < 1:
+        console.print(f"[yellow]note:[/] identical greedy tokens in {result.same_tokens:.0%} of run pairs")
 
 
 # ============================================================================= speculative bench
@@ -390,153 +396,36 @@ def print_baseline(result: dict[str, Any], console) -> None:
 # draft + verify count as prefill, the time to the first committed tokens). mlx-lm runs are timed
 # from outside its generator the same way (prefill ends when the first step's last token arrives).
 
-SPEC_BENCH_CATEGORIES: tuple[str, ...] = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-# Spec-Bench's first 80 questions (ids 81-160) are MT-Bench's, under these 8 categories.
-MT_BENCH_IDS = range(81, 161)
 METHODS = ("target", "spec", "mlx_lm")
 METHOD_LABELS = {"target": "target-only", "spec": "speculative", "mlx_lm": "mlx-lm speculative"}
-WARMUP_TOKENS = 16  # warm-up runs are shorter: they only need to touch every code path once
 NGRAM_NO_PEER = ("mlx-lm's speculative decoding needs a draft model; prompt lookup (ngram) "
                  "has no mlx-lm equivalent")
+MLX_LM_NOTE = ("accepted tokens per step rebuilt from stream_generate's from_draft flags; at T > 0 "
+               "mlx-lm accepts a draft only if the target's sampled token equals it")
 
 
-def spec_category(row: dict[str, Any]) -> str:
-    """The Spec-Bench subtask of a question row: ids 81-160 are all ``mt_bench``."""
-    qid = row.get("question_id")
-    if isinstance(qid, int) and qid in MT_BENCH_IDS:
-        return "mt_bench"
-    return str(row.get("category", "unknown"))
+@dataclass(frozen=True)
+class SpecRun:
+    """One timed run of ``spec_bench``: the method, the prompt and repeat, what it produced,
+    and (greedy only) whether it matched target-only decoding of the same prompt."""
+
+    method: str
+    run: Run
+    temperature: float
+    prompt_id: Any
+    category: str
+    repeat: int
+    order: int
+    identical_to_target: bool | None = None
+    first_mismatch: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, **self.run.to_json(), "temperature": self.temperature,
+                "prompt_id": self.prompt_id, "category": self.category, "repeat": self.repeat, "order": self.order,
+                "identical_to_target": self.identical_to_target, "first_mismatch": self.first_mismatch}
 
 
-def _read_prompts_file(path: str | Path) -> list[dict[str, Any]]:
-    from mlxspec.errors import MlxspecError
-
-    path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise MlxspecError(f"cannot read prompts file {path}: {e}") from None
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise MlxspecError(f"prompts file {path} has no prompts")
-    as_json = path.suffix == ".jsonl" or lines[0].lstrip().startswith("{")
-    items = []
-    for i, ln in enumerate(lines):
-        if not as_json:
-            items.append({"id": f"custom-{i + 1}", "category": "custom", "text": ln})
-            continue
-        try:
-            row = json.loads(ln)
-        except json.JSONDecodeError as e:
-            raise MlxspecError(f"{path}, prompt {i + 1}: not JSON ({e.msg})") from None
-        turns = row.get("turns") if isinstance(row, dict) else None
-        if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
-            raise MlxspecError(f"{path}, prompt {i + 1}: expected an object with a non-empty 'turns' list")
-        items.append({"id": row.get("question_id", f"custom-{i + 1}"), "category": "custom", "text": turns[0]})
-    return items
-
-
-def spec_bench_prompts(
-    categories: list[str] | tuple[str, ...] | None = None,
-    per_category: int = 2,
-    prompts_file: str | Path | None = None,
-) -> tuple[list[dict[str, Any]], str | None]:
-    """The prompt set of ``spec_bench`` and a note (None, or why the built-in prompts are used).
-
-    Default: for each Spec-Bench subtask (``SPEC_BENCH_CATEGORIES``, filtered by ``categories``)
-    its first ``per_category`` questions in file order, first turn only. For mt_bench those are
-    question ids 81, 82, ... (writing first); translation 161, ...; summarization 241, ...;
-    qa 321, ...; math_reasoning 401, ...; rag 481, .... Items: {id, category, source_category,
-    text}. ``prompts_file`` replaces the set (all its prompts, category "custom"). Without the
-    shared data folder and no explicit ``categories``: the built-in fallback prompts.
-    """
-    from mlxspec.errors import MlxspecError
-
-    if prompts_file is not None:
-        return _read_prompts_file(prompts_file), None
-    if per_category < 1:
-        raise MlxspecError(f"per_category must be >= 1, got {per_category}")
-    wanted = list(SPEC_BENCH_CATEGORIES) if not categories else list(dict.fromkeys(categories))
-    unknown = [c for c in wanted if c not in SPEC_BENCH_CATEGORIES]
-    if unknown:
-        raise MlxspecError(f"unknown Spec-Bench categor{'y' if len(unknown) == 1 else 'ies'} "
-                           f"{', '.join(map(repr, unknown))}; choose from: {', '.join(SPEC_BENCH_CATEGORIES)}")
-    path = data_dir() / QUESTIONS_FILE
-    if not path.is_file():
-        if categories:
-            raise MlxspecError(f"Spec-Bench questions not found at {path} (set MLXSPEC_DATA, or pass a prompts file)")
-        note = f"Spec-Bench questions not found at {path}: built-in prompts used instead"
-        return [{"id": f"builtin-{i + 1}", "category": "builtin", "source_category": "builtin", "text": t}
-                for i, t in enumerate(FALLBACK_PROMPTS)], note
-    picked: dict[str, list[dict[str, Any]]] = {c: [] for c in wanted}
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            cat = spec_category(row)
-            if cat in picked and len(picked[cat]) < per_category and row.get("turns"):
-                picked[cat].append({"id": row["question_id"], "category": cat,
-                                    "source_category": row.get("category", cat), "text": row["turns"][0]})
-    missing = [c for c, v in picked.items() if not v]
-    if missing:
-        raise MlxspecError(f"{path} has no questions for {', '.join(missing)}")
-    return [it for c in wanted for it in picked[c]], None
-
-
-# ----------------------------------------------------------------------------- one run -> one row
-
-
-def _row(method: str, tokens: list[int], prompt_tokens: int, prefill_s: float, decode_s: float,
-         first_step_tokens: int, stop_reason: str, accepted: list[int], drafted: list[int],
-         draft_ms: list[float], verify_ms: list[float]) -> dict[str, Any]:
-    n = len(tokens)
-    total = prefill_s + decode_s
-    rest = n - min(first_step_tokens, n)
-    return {
-        "method": method,
-        "prompt_tokens": prompt_tokens,
-        "generated_tokens": n,
-        "tokens": tokens,
-        "stop_reason": stop_reason,
-        "prefill_s": prefill_s,
-        "decode_s": decode_s,
-        "total_s": total,
-        "first_step_tokens": min(first_step_tokens, n),
-        "tps": n / total if total > 0 else 0.0,
-        "decode_tps": rest / decode_s if rest > 0 and decode_s > 0 else None,
-        "steps": len(accepted),
-        "accepted": accepted,
-        "drafted": drafted,
-        "draft_ms": draft_ms,
-        "verify_ms": verify_ms,
-    }
-
-
-def _mlxspec_run(method: str, lm, ids: list[int], params, max_tokens: int, stop: set[int], seed: int,
-                 drafter, k: int) -> dict[str, Any]:
-    from mlxspec.core.engine import generate
-    from mlxspec.core.events import Done, Step
-
-    tokens: list[int] = []
-    accepted, drafted, dms, vms = [], [], [], []
-    first, done = None, None
-    for ev in generate(lm.model, ids, params, max_tokens, stop, lm.context_length, seed=seed,
-                       drafter=drafter, k=k):
-        if isinstance(ev, Step):
-            em = ev.emitted
-            tokens += em
-            if first is None:
-                first = len(em)
-            accepted.append(ev.accepted)
-            drafted.append(ev.k)
-            dms.append(ev.draft_ms)
-            vms.append(ev.verify_ms)
-        elif isinstance(ev, Done):
-            done = ev
-    assert done is not None
-    return _row(method, tokens, len(ids), done.prefill_s, done.decode_s, first or 0, done.stop_reason,
-                accepted, drafted, dms, vms)
+# ----------------------------------------------------------------------------- mlx-lm's peer
 
 
 def mlx_lm_steps(from_draft: list[bool], k: int, max_tokens: int) -> tuple[list[int], list[int]]:
@@ -570,20 +459,20 @@ def mlx_lm_steps(from_draft: list[bool], k: int, max_tokens: int) -> tuple[list[
     return accepted, drafted
 
 
-def _mlx_lm_run(ref_target, ref_draft, tokenizer, ids: list[int], temperature: float, max_tokens: int,
-                k: int, seed: int) -> dict[str, Any]:
+def mlx_lm_run(ref_target, ref_draft, tokenizer, ids: list[int], temperature: float, max_tokens: int,
+               k: int, seed: int) -> Run:
+    """mlx-lm's speculative ``stream_generate``, timed from outside as our engine times itself."""
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
     mx.random.seed(seed)
-    sampler = make_sampler(temp=temperature)
     toks: list[int] = []
     flags: list[bool] = []
     stamps: list[float] = []
     finish = None
     t0 = time.perf_counter()
     for r in mlx_lm.stream_generate(ref_target, tokenizer, ids, max_tokens=max_tokens, draft_model=ref_draft,
-                                    num_draft_tokens=k, sampler=sampler):
+                                    num_draft_tokens=k, sampler=make_sampler(temp=temperature)):
         stamps.append(time.perf_counter())
         toks.append(r.token)
         flags.append(bool(r.from_draft))
@@ -596,35 +485,50 @@ def _mlx_lm_run(ref_target, ref_draft, tokenizer, ids: list[int], temperature: f
     first = max(1, min(first, len(stamps)))
     t_first = stamps[first - 1] if stamps else t0
     t_last = stamps[-1] if stamps else t0
-    return _row("mlx_lm", out, len(ids), t_first - t0, t_last - t_first, first,
-                "eos" if finish == "stop" else "length", accepted, drafted, [], [])
+    return Run(out, len(ids), t_first - t0, t_last - t_first, first, "eos" if finish == "stop" else "length",
+               accepted, drafted, list(drafted))
 
 
-def _mlx_lm_peer(lm, draft: str, drafter) -> tuple[Any, Any, str | None, str | None]:
-    """(ref target, ref draft, description, reason when there is none) for mlx-lm's own
-    speculative decoding with the same pair, in mlx-lm's llama class sharing our arrays."""
+@dataclass(frozen=True)
+class Peer:
+    """mlx-lm's own speculative decoding with the same pair, or why there is none."""
+
+    target: Any = None
+    draft: Any = None
+    description: str | None = None
+    reason: str | None = None
+
+
+def _self_draft_llama(lm, num_layers: int):
+    """The target's first ``num_layers`` layers + norm + head as a llama sharing its arrays."""
     import dataclasses
 
     from mlx.utils import tree_flatten
 
-    from mlxspec.core.drafters import ModelDrafter
     from mlxspec.core.model import Llama
+    from mlxspec.targets import loading
+
+    small = Llama(dataclasses.replace(lm.config, num_layers=num_layers))
+    params = [(name, v) for name, v in tree_flatten(lm.model.parameters())
+              if not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers]
+    if any(name.endswith(".scales") for name, _ in params):
+        loading.quantize_to_match(small, dict(params))
+    small.load_weights(params, strict=True)  # shares the arrays, copies nothing
+    return small
+
+
+def mlx_lm_peer(lm, draft: str, drafter) -> Peer:
+    """mlx-lm's speculative decoding with the same pair, in mlx-lm's llama class sharing our arrays."""
+    from mlxspec.core.drafters import ModelDrafter
     from mlxspec.targets import loading
     from mlxspec.training.draft import DraftModel, as_llama
 
     if not isinstance(drafter, ModelDrafter):
-        return None, None, None, NGRAM_NO_PEER if draft.startswith("ngram") else f"no mlx-lm peer for drafter {draft!r}"
+        return Peer(reason=NGRAM_NO_PEER if draft.startswith("ngram") else f"no mlx-lm peer for drafter {draft!r}")
     src = drafter.model
     if drafter.num_layers is not None:  # self:L -> a truncated copy: embed, layers[:L], norm, head
-        L = drafter.num_layers
-        small = Llama(dataclasses.replace(lm.config, num_layers=L))
-        params = [(name, v) for name, v in tree_flatten(lm.model.parameters())
-                  if not name.startswith("model.layers.") or int(name.split(".")[2]) < L]
-        if any(name.endswith(".scales") for name, _ in params):
-            loading._quantize_like(small, dict(params))
-        small.load_weights(params, strict=True)  # shares the arrays, copies nothing
-        src = small
-        desc = f"mlx-lm stream_generate with draft_model = the target's first {L} layers + norm + head"
+        src = _self_draft_llama(lm, drafter.num_layers)
+        desc = f"mlx-lm stream_generate with draft_model = the target's first {drafter.num_layers} layers + norm + head"
     elif isinstance(src, DraftModel):
         src = as_llama(src, lm)
         desc = (f"mlx-lm stream_generate with draft_model = {draft} as a full-vocabulary llama "
@@ -633,173 +537,303 @@ def _mlx_lm_peer(lm, draft: str, drafter) -> tuple[Any, Any, str | None, str | N
         desc = f"mlx-lm stream_generate with draft_model = {draft}"
     ref_target, ref_draft = loading.to_mlx_lm(lm.model), loading.to_mlx_lm(src)
     mx.eval(ref_target.parameters(), ref_draft.parameters())
-    return ref_target, ref_draft, desc, None
+    return Peer(ref_target, ref_draft, desc)
 
 
 # ----------------------------------------------------------------------------- aggregation
 
 
-def _mean(xs: list[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
+def paired_speed(a: Sequence[SpecRun], b: Sequence[SpecRun]) -> Comparison:
+    """End-to-end tokens/s of runs ``a`` over runs ``b``, paired by (prompt, repeat), pooled."""
+    of_b = {(r.prompt_id, r.repeat): r.run for r in b}
+    pairs = [(r.run, of_b[(r.prompt_id, r.repeat)]) for r in a if (r.prompt_id, r.repeat) in of_b]
+    return pooled_ratio([x.generated_tokens for x, _ in pairs], [x.total_s for x, _ in pairs],
+                        [y.generated_tokens for _, y in pairs], [y.total_s for _, y in pairs])
 
 
-def acceptance_by_position(accepted: list[int], drafted: list[int], k: int) -> list[float | None]:
-    """Position i (0-based) is accepted iff a step kept more than i drafts, over the steps that
-    drafted more than i tokens; None where no step drafted that far."""
-    out: list[float | None] = []
-    for i in range(k):
-        tried = [a for a, d in zip(accepted, drafted) if d > i]
-        out.append(sum(a > i for a in tried) / len(tried) if tried else None)
+@dataclass(frozen=True)
+class PeerStats:
+    """mlx-lm's speculative decoding over the same runs, and mlxspec's against it."""
+
+    stats: MethodStats
+    ratio: float | None  # mlxspec speculative tps / mlx-lm speculative tps, each pooled over its runs
+    comparison: Comparison  # the same over (prompt, repeat) pairs, with its interval
+    speedup_vs_target: float | None
+    greedy_identical: bool | None  # informational: mlx-lm's llama differs from ours in float details
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.stats
+        return {"tps": s.tps, "decode_tps": s.decode_tps, "tau": s.tau, "tokens_per_step": s.tokens_per_step,
+                "acceptance": s.acceptance, "ratio": self.ratio, "speedup_vs_target": self.speedup_vs_target,
+                "greedy_identical": self.greedy_identical, "verdict": self.comparison.kind.value,
+                "interval": None if self.comparison.interval is None else self.comparison.interval.to_json()}
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """Target-only vs speculative (vs mlx-lm) over the runs of one temperature and some prompts.
+
+    speedup = spec tps / target tps, each summed tokens over summed end-to-end seconds, with a
+    bootstrap interval over (prompt, repeat) pairs (``comparison``; ``slower`` only when that
+    interval lies below 1); speedup_median = median over pairs of spec tps / target tps;
+    decode_speedup = speedup on decode-only tokens/s; tau = mean accepted drafts per step.
+    """
+
+    k: int
+    prompts: int
+    methods: dict[str, MethodStats | None]
+    comparison: Comparison
+    speedup_median: float | None
+    mlx_lm: PeerStats | None
+    greedy_identical: bool | None
+    greedy_mismatches: list[Any]
+
+    @property
+    def target(self) -> MethodStats | None:
+        return self.methods["target"]
+
+    @property
+    def spec(self) -> MethodStats | None:
+        return self.methods["spec"]
+
+    @property
+    def target_tps(self) -> float | None:
+        return self.target and self.target.tps
+
+    @property
+    def spec_tps(self) -> float | None:
+        return self.spec and self.spec.tps
+
+    @property
+    def speedup(self) -> float | None:
+        return _ratio(self.spec_tps, self.target_tps)
+
+    @property
+    def decode_speedup(self) -> float | None:
+        return _ratio(self.spec and self.spec.decode_tps, self.target and self.target.decode_tps)
+
+    @property
+    def slower(self) -> bool:
+        return self.comparison.kind is Kind.SLOWER
+
+    def to_json(self) -> dict[str, Any]:
+        s, t = self.spec, self.target
+        c = self.comparison
+        return {
+            "prompts": self.prompts, "methods": {m: None if v is None else asdict(v) for m, v in self.methods.items()},
+            "target_tps": self.target_tps, "spec_tps": self.spec_tps, "speedup": self.speedup,
+            "speedup_median": self.speedup_median, "decode_speedup": self.decode_speedup, "slower": self.slower,
+            "verdict": c.kind.value, "interval": None if c.interval is None else c.interval.to_json(),
+            "tau": s and s.tau, "tokens_per_step": s and s.tokens_per_step,
+            "acceptance": s.acceptance if s else [None] * self.k, "draft_ms": s and s.draft_ms,
+            "verify_ms": s and s.verify_ms, "target_ms_per_token": t and t.verify_ms,
+            "mlx_lm": None if self.mlx_lm is None else self.mlx_lm.to_json(),
+            "greedy_identical": self.greedy_identical, "greedy_mismatches": list(self.greedy_mismatches),
+        }
+
+
+def _pair_ratios(a: Sequence[SpecRun], b: Sequence[SpecRun]) -> list[float]:
+    of_b = {(r.prompt_id, r.repeat): r.run for r in b}
+    out = [_ratio(r.run.tps, of_b[(r.prompt_id, r.repeat)].tps) for r in a if (r.prompt_id, r.repeat) in of_b]
+    return [x for x in out if x is not None]
+
+
+def _greedy_check(runs: Sequence[SpecRun]) -> bool | None:
+    checks = [r.identical_to_target for r in runs if r.identical_to_target is not None]
+    return all(checks) if checks else None
+
+
+def aggregate(runs: Sequence[SpecRun], k: int) -> Aggregate:
+    """``Aggregate`` of ``runs`` (one temperature, any prompts)."""
+    by = {m: [r for r in runs if r.method == m] for m in METHODS}
+    st = {m: method_stats([r.run for r in by[m]], k) for m in METHODS}
+    peer = None
+    if st["mlx_lm"] is not None:
+        peer = PeerStats(st["mlx_lm"], _ratio(st["spec"] and st["spec"].tps, st["mlx_lm"].tps),
+                         paired_speed(by["spec"], by["mlx_lm"]),
+                         _ratio(st["mlx_lm"].tps, st["target"] and st["target"].tps), _greedy_check(by["mlx_lm"]))
+    ratios = _pair_ratios(by["spec"], by["target"])
+    return Aggregate(
+        k=k, prompts=len({r.prompt_id for r in runs}), methods=st, comparison=paired_speed(by["spec"], by["target"]),
+        speedup_median=statistics.median(ratios) if ratios else None, mlx_lm=peer,
+        greedy_identical=_greedy_check(by["spec"]),
+        greedy_mismatches=[r.prompt_id for r in by["spec"] if r.identical_to_target is False],
+    )
+
+
+@dataclass(frozen=True)
+class TempResult:
+    temperature: float
+    categories: dict[str, Aggregate]
+    overall: Aggregate
+
+    def to_json(self) -> dict[str, Any]:
+        return {"temperature": self.temperature,
+                "categories": {c: a.to_json() for c, a in self.categories.items()},
+                "overall": self.overall.to_json()}
+
+
+def temp_result(runs: Sequence[SpecRun], temperature: float, categories: Sequence[str], k: int) -> TempResult:
+    """The aggregates of one temperature's runs: per category and overall."""
+    tr = [r for r in runs if r.temperature == temperature]
+    return TempResult(temperature, {c: aggregate([r for r in tr if r.category == c], k) for c in categories},
+                      aggregate(tr, k))
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+def _headline(head: str, o: Aggregate, slow_in: list[str]) -> Verdict:
+    c = o.comparison
+    nums = (f"{o.spec_tps:.1f} vs {o.target_tps:.1f} tok/s end-to-end, {c.describe()}, median per prompt "
+            f"{fmt(o.speedup_median, '{:.2f}x')}, decode-only {fmt(o.decode_speedup, '{:.2f}x')}, "
+            f"tau {fmt(o.spec and o.spec.tau, '{:.2f}')})")
+    if c.kind is Kind.SLOWER:
+        text = f"{head} speculation is SLOWER than target-only here: {o.speedup:.2f}x ({nums}"
+    elif c.kind is Kind.FASTER:
+        text = f"{head} speculation is faster: {o.speedup:.2f}x target-only ({nums}"
+    else:
+        text = (f"{head} no measurable difference between speculation and target-only: {o.speedup:.2f}x "
+                f"({nums}")
+    if slow_in:
+        text += f"; slower in: {', '.join(slow_in)}"
+    return Verdict(c.kind, text, c.interval)
+
+
+def _peer_verdicts(head: str, o: Aggregate) -> list[Verdict]:
+    m = o.mlx_lm
+    if m is None or m.ratio is None:
+        return []
+    c = m.comparison
+    out = [Verdict(c.kind, f"{head} mlxspec / mlx-lm speculative = {m.ratio:.2f}x ({o.spec_tps:.1f} vs "
+                           f"{m.stats.tps:.1f} tok/s; {c.describe()}; tau {fmt(o.spec and o.spec.tau, '{:.2f}')} "
+                           f"vs {fmt(m.stats.tau, '{:.2f}')})", c.interval)]
+    if m.greedy_identical is False:
+        out.append(Verdict(Kind.NOTE, f"{head} note: mlx-lm's greedy output differs from mlxspec target-only "
+                                      "on some prompt(s)"))
     return out
 
 
-def method_stats(rows: list[dict[str, Any]], k: int) -> dict[str, Any] | None:
-    """Pooled statistics of one method's runs: tokens/s as summed tokens over summed time."""
-    if not rows:
-        return None
-    tokens = sum(r["generated_tokens"] for r in rows)
-    seconds = sum(r["total_s"] for r in rows)
-    dec_tokens = sum(r["generated_tokens"] - r["first_step_tokens"] for r in rows)
-    dec_s = sum(r["decode_s"] for r in rows)
-    acc = [a for r in rows for a in r["accepted"]]
-    dft = [d for r in rows for d in r["drafted"]]
-    tau = _mean(acc)
-    return {
-        "runs": len(rows),
-        "tokens": tokens,
-        "seconds": seconds,
-        "tps": tokens / seconds if seconds > 0 else 0.0,
-        "decode_tps": dec_tokens / dec_s if dec_tokens > 0 and dec_s > 0 else None,
-        "steps": len(acc),
-        "tau": tau,
-        "tokens_per_step": tau + 1 if tau is not None else None,
-        "emitted_per_step": tokens / len(acc) if acc else None,
-        "mean_drafted": _mean(dft),
-        "acceptance": acceptance_by_position(acc, dft, k),
-        "draft_ms": _mean([x for r in rows for x in r["draft_ms"]]),
-        "verify_ms": _mean([x for r in rows for x in r["verify_ms"]]),
-    }
-
-
-def aggregate(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
-    """Target-only vs speculative (vs mlx-lm) over ``rows`` of one temperature and any prompts.
-
-    speedup = spec tps / target tps, each summed tokens over summed end-to-end seconds;
-    speedup_median = median over (prompt, repeat) pairs of spec tps / target tps;
-    decode_speedup = the same as speedup on decode-only tokens/s; tau = mean accepted drafts per
-    step; mlx_lm_ratio = mlxspec speculative tps / mlx-lm speculative tps.
-    """
-    by = {m: [r for r in rows if r["method"] == m] for m in METHODS}
-    st = {m: method_stats(by[m], k) for m in METHODS}
-    t, s, p = st["target"], st["spec"], st["mlx_lm"]
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
-
-    target_of = {(r["prompt_id"], r["repeat"]): r for r in by["target"]}
-    pair_ratios = [ratio(r["tps"], target_of[(r["prompt_id"], r["repeat"])]["tps"])
-                   for r in by["spec"] if (r["prompt_id"], r["repeat"]) in target_of]
-    pair_ratios = [x for x in pair_ratios if x is not None]
-    checks = [r for r in by["spec"] if r.get("identical_to_target") is not None]
-    peer_checks = [r for r in by["mlx_lm"] if r.get("identical_to_target") is not None]
-    speedup = ratio(s and s["tps"], t and t["tps"])
-    return {
-        "prompts": len({r["prompt_id"] for r in rows}),
-        "methods": st,
-        "target_tps": t and t["tps"],
-        "spec_tps": s and s["tps"],
-        "speedup": speedup,
-        "speedup_median": statistics.median(pair_ratios) if pair_ratios else None,
-        "decode_speedup": ratio(s and s["decode_tps"], t and t["decode_tps"]),
-        "slower": speedup is not None and speedup < 1.0,
-        "tau": s and s["tau"],
-        "tokens_per_step": s and s["tokens_per_step"],
-        "acceptance": s["acceptance"] if s else [None] * k,
-        "draft_ms": s and s["draft_ms"],
-        "verify_ms": s and s["verify_ms"],
-        "target_ms_per_token": t and t["verify_ms"],
-        "mlx_lm": None if p is None else {
-            "tps": p["tps"],
-            "decode_tps": p["decode_tps"],
-            "tau": p["tau"],
-            "tokens_per_step": p["tokens_per_step"],
-            "acceptance": p["acceptance"],
-            "ratio": ratio(s and s["tps"], p["tps"]),
-            "speedup_vs_target": ratio(p["tps"], t and t["tps"]),
-            # informational: mlx-lm's llama differs from ours in float details
-            "greedy_identical": (all(r["identical_to_target"] for r in peer_checks) if peer_checks else None),
-        },
-        "greedy_identical": all(r["identical_to_target"] for r in checks) if checks else None,
-        "greedy_mismatches": [r["prompt_id"] for r in checks if not r["identical_to_target"]],
-    }
-
-
-def _first_mismatch(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _fmt_t(t: float) -> str:
-    return f"T={t:g}"
-
-
-def verdicts(result: dict[str, Any]) -> list[str]:
-    """Plain-text summary lines, one verdict per temperature, then problems."""
-    s = result["settings"]
-    lines = []
-    for res in result["results"]:
-        o = res["overall"]
-        head = f"{_fmt_t(res['temperature'])}, {s['draft']} k={s['k']}:"
-        if o["speedup"] is None:
-            lines.append(f"{head} no timed runs")
+def verdicts(results: Sequence[TempResult], draft: str, k: int) -> list[Verdict]:
+    """One verdict per temperature (faster / slower / no measurable difference, with its
+    interval), mlxspec against mlx-lm where it ran, then problems."""
+    out: list[Verdict] = []
+    for res in results:
+        o = res.overall
+        head = f"{fmt_t(res.temperature)}, {draft} k={k}:"
+        if o.speedup is None:
+            out.append(Verdict(Kind.EMPTY, f"{head} no timed runs"))
             continue
-        nums = (f"{o['spec_tps']:.1f} vs {o['target_tps']:.1f} tok/s end-to-end, "
-                f"median per prompt {_f(o['speedup_median'], '{:.2f}x')}, decode-only "
-                f"{_f(o['decode_speedup'], '{:.2f}x')}, tau {_f(o['tau'], '{:.2f}')})")
-        if o["slower"]:
-            line = f"{head} speculation is SLOWER than target-only here: {o['speedup']:.2f}x ({nums}"
-        else:
-            line = f"{head} speculation is {o['speedup']:.2f}x target-only ({nums}"
-        slow = [c for c, a in res["categories"].items() if a["slower"]]
-        if slow and len(res["categories"]) > 1:
-            line += f"; slower in: {', '.join(slow)}"
-        lines.append(line)
-        if o["mlx_lm"] is not None and o["mlx_lm"]["ratio"] is not None:
-            m = o["mlx_lm"]
-            lines.append(f"{head} mlxspec / mlx-lm speculative = {m['ratio']:.2f}x ({o['spec_tps']:.1f} vs "
-                         f"{m['tps']:.1f} tok/s; tau {_f(o['tau'], '{:.2f}')} vs {_f(m['tau'], '{:.2f}')})")
-            if m["greedy_identical"] is False:
-                lines.append(f"{head} note: mlx-lm's greedy output differs from mlxspec target-only on some prompt(s)")
-        if o["greedy_mismatches"]:
-            lines.append(f"{head} BUG: greedy speculative output differs from target-only on prompt(s) "
-                         f"{', '.join(map(str, o['greedy_mismatches']))}")
-    return lines
+        slow_in = [c for c, a in res.categories.items() if a.slower] if len(res.categories) > 1 else []
+        out.append(_headline(head, o, slow_in))
+        out += _peer_verdicts(head, o)
+        if o.greedy_mismatches:
+            out.append(Verdict(Kind.BUG, f"{head} BUG: greedy speculative output differs from target-only on "
+                                         f"prompt(s) {', '.join(map(str, o.greedy_mismatches))}"))
+    return out
 
 
 # ----------------------------------------------------------------------------- the benchmark
 
 
-def prepare_speculative_run(model_spec: Any, draft: str, dtype: str, items: list[dict[str, Any]],
-                            max_tokens: int, no_drafter: str) -> tuple[Any, Any, set[int], list[list[int]]]:
-    """What spec_bench and the sweep both start from: the target (a spec, or an already loaded
-    model), its drafter, the stop tokens and every prompt encoded and checked against the context."""
-    from mlxspec.errors import MlxspecError
-    from mlxspec.targets import loading
-    from mlxspec.targets.drafts import make_drafter
-    from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
+@dataclass(frozen=True)
+class SpecSettings:
+    draft: str
+    k: int
+    temps: list[float]
+    categories: list[str]
+    per_category: int | None
+    max_tokens: int
+    warmup: int
+    warmup_tokens: int
+    repeats: int
+    seed: int
+    with_mlx_lm: bool
+    prompts_file: str | None
+    headline: str = "end-to-end tokens/s = generated tokens / (prefill_s + decode_s)"
 
-    lm = model_spec if hasattr(model_spec, "model") and hasattr(model_spec, "tokenizer") else loading.load(model_spec, dtype)
-    drafter = make_drafter(draft, lm, lm.dtype)
-    if drafter is None:
-        raise MlxspecError(no_drafter)
-    ids = [encode_prompt(lm.tokenizer, it["text"]) for it in items]
-    for it, p in zip(items, ids):
-        if len(p) + max_tokens >= lm.context_length:
-            raise MlxspecError(f"prompt {it['id']} ({len(p)} tokens) + {max_tokens} new tokens exceeds "
-                               f"the context ({lm.context_length})")
-    return lm, drafter, stop_token_ids(lm.tokenizer), ids
+
+@dataclass(frozen=True)
+class SpecBenchResult:
+    header: RunHeader
+    settings: SpecSettings
+    note: str | None
+    prompts: list[dict[str, Any]]
+    peer: Peer
+    runs: list[SpecRun]
+    results: list[TempResult]
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.peer
+        return {
+            "schema": SCHEMA, **self.header.to_json(), "settings": asdict(self.settings), "note": self.note,
+            "prompts": self.prompts,
+            "mlx_lm": None if p.target is None else {"description": p.description, "note": MLX_LM_NOTE},
+            "mlx_lm_reason": p.reason, "runs": [r.to_json() for r in self.runs],
+            "results": [r.to_json() for r in self.results], "verdicts": [v.to_json() for v in self.verdicts],
+        }
+
+
+Runner = Callable[[str, float, list[int], int], Run]
+
+
+def _spec_runner(lm, drafter, stop: set[int], params_of: dict[float, Any], peer: Peer, k: int, seed: int) -> Runner:
+    """run(method, temperature, prompt ids, max tokens) for every method of the benchmark."""
+
+    def run(method: str, t: float, p: list[int], n: int) -> Run:
+        if method == "mlx_lm":
+            return mlx_lm_run(peer.target, peer.draft, lm.tokenizer, p, t, n, k, seed)
+        return engine_run(lm, p, params_of[t], n, stop, seed, drafter if method == "spec" else None, k)
+
+    return run
+
+
+def _round(run: Runner, order: Sequence[str], t: float, it: dict[str, Any], p: list[int], r: int,
+           max_tokens: int, tick: Callable[[str], None]) -> list[SpecRun]:
+    """Every method once on one prompt, in ``order``; greedy runs compared with target-only."""
+    got: dict[str, Run] = {}
+    for m in order:
+        got[m] = run(m, t, p, max_tokens)
+        tick(f"{fmt_t(t)} · {METHOD_LABELS[m]} · {it['category']} #{it['id']}")
+    out = []
+    for pos, m in enumerate(order):
+        mm = first_mismatch(got["target"].tokens, got[m].tokens) if t == 0 and m != "target" else None
+        same = (mm is None) if t == 0 and m != "target" else None
+        out.append(SpecRun(m, got[m], t, it["id"], it["category"], r, pos, same, mm))
+    return out
+
+
+def _time_spec_runs(run: Runner, methods: list[str], temps: Sequence[float], items: list[dict[str, Any]],
+                    ids: list[list[int]], max_tokens: int, warmup: int, repeats: int,
+                    progress: Progress) -> list[SpecRun]:
+    """Warm-up, then every (temperature, repeat, prompt) round, the method order alternating."""
+    runs: list[SpecRun] = []
+    tick = progress_ticker(progress, len(temps) * len(items) * repeats * len(methods))
+    for ti, t in enumerate(temps):
+        for _ in range(warmup):
+            for m in methods:
+                run(m, t, ids[0], min(max_tokens, WARMUP_TOKENS))
+        for r in range(repeats):
+            for j, (it, p) in enumerate(zip(items, ids)):
+                order = methods if (ti + j + r) % 2 == 0 else methods[::-1]
+                suffix = f" · repeat {r + 1}/{repeats}"
+                runs += _round(run, order, t, it, p, r, max_tokens, lambda label, s=suffix: tick(label + s))
+    return runs
+
+
+def _check_spec_args(k: int, max_tokens: int, warmup: int, repeats: int, temps: Sequence[float]) -> tuple[int, tuple[float, ...]]:
+    from mlxspec.core.drafters import parse_k
+
+    k = parse_k(k)
+    if max_tokens < 1:
+        raise MlxspecError(f"max_tokens must be >= 1, got {max_tokens}")
+    if repeats < 1 or warmup < 0:
+        raise MlxspecError("repeats must be >= 1 and warmup >= 0")
+    temps = tuple(float(t) for t in temps)
+    if not temps:
+        raise MlxspecError("no temperatures to run")
+    return k, temps
 
 
 def spec_bench(
@@ -815,21 +849,23 @@ def spec_bench(
     with_mlx_lm: bool = True,
     prompts_file: str | Path | None = None,
     seed: int = 0,
-    progress: Callable[[int, int, str], Any] | None = None,
+    progress: Progress = None,
     dtype: str = "auto",
-) -> dict[str, Any]:
+) -> SpecBenchResult:
     """Speculative (``draft``, ``k``) against target-only decoding of ``model_spec`` (a spec for
     ``loading.load`` or an already loaded ``LoadedModel``), per Spec-Bench category and overall,
     per temperature; plus mlx-lm's own speculative decoding with the same pair when the drafter
     is a model (``self:L``: a truncated copy of the target; a model path: that model).
 
-    Prompts: ``spec_bench_prompts`` (chat template applied). For each temperature and prompt:
-    target-only (``generate(drafter=None)``) and speculative (same seed, same ``max_tokens``,
-    the tokenizer's real end-of-sequence set), order alternating across prompts and repeats,
-    after ``warmup`` untimed rounds of every method per temperature (``WARMUP_TOKENS`` tokens,
-    first prompt). Headline tokens/s is END-TO-END: generated tokens / (prefill + decode)
-    seconds; decode-only tokens/s is kept too. Greedy speculative output must equal target-only
-    output token for token (``identical_to_target``; a mismatch is reported as a bug).
+    Prompts: ``runs.spec_bench_prompts`` (chat template applied). For each temperature and
+    prompt: target-only (``generate(drafter=None)``) and speculative (same seed, same
+    ``max_tokens``, the tokenizer's real end-of-sequence set), order alternating across prompts
+    and repeats, after ``warmup`` untimed rounds of every method per temperature
+    (``WARMUP_TOKENS`` tokens, first prompt). Headline tokens/s is END-TO-END: generated tokens /
+    (prefill + decode) seconds; decode-only tokens/s is kept too. The verdict per temperature
+    rests on a bootstrap interval of the speedup over (prompt, repeat) pairs (``verdict``).
+    Greedy speculative output must equal target-only output token for token
+    (``identical_to_target``; a mismatch is reported as a bug).
 
     mlx-lm peer: ``stream_generate(draft_model=..., num_draft_tokens=k, sampler=make_sampler(T))``
     timed the same way. Its accepted tokens per step are rebuilt from the ``from_draft`` flags
@@ -837,169 +873,107 @@ def spec_bench(
     *sampled* token equals it (no rejection sampling), so its acceptance is lower than ours by
     construction there.
 
-    Result (JSON-serialisable): date, machine, backend, blas, mlx_version, mlx_lm_version,
+    JSON keys (``to_json``): schema, date, machine, backend, blas, mlx_version, mlx_lm_version,
     model, dtype, settings, note, prompts[{id, category, source_category, prompt_tokens}],
     mlx_lm ({description, note} or None), mlx_lm_reason, runs[per-run rows], results[{temperature,
-    categories{cat: aggregate}, overall: aggregate}], verdicts[str]. See ``aggregate``.
+    categories{cat: aggregate}, overall: aggregate}], verdicts[{kind, text, interval}]. See
+    ``Aggregate``.
     """
-    from mlxspec.core.drafters import parse_k
     from mlxspec.core.sampling import SamplingParams
-    from mlxspec.errors import MlxspecError
 
-    k = parse_k(k)
-    if max_tokens < 1:
-        raise MlxspecError(f"max_tokens must be >= 1, got {max_tokens}")
-    if repeats < 1 or warmup < 0:
-        raise MlxspecError("repeats must be >= 1 and warmup >= 0")
-    temps = tuple(float(t) for t in temps)
-    if not temps:
-        raise MlxspecError("no temperatures to run")
-    params_of = {t: SamplingParams(temperature=t) for t in temps}  # validates them
-
+    k, temps = _check_spec_args(k, max_tokens, warmup, repeats, temps)
+    params_of = {t: SamplingParams(temperature=t) for t in temps}  # validates them before any loading
     items, note = spec_bench_prompts(categories, per_category, prompts_file)
     lm, drafter, stop, ids = prepare_speculative_run(
         model_spec, draft, dtype, items, max_tokens, no_drafter="spec_bench needs a drafter (got 'none')")
+    peer = mlx_lm_peer(lm, draft, drafter) if with_mlx_lm else Peer(reason="not requested (with_mlx_lm=False)")
+    run = _spec_runner(lm, drafter, stop, params_of, peer, k, seed)
+    methods = ["target", "spec"] + (["mlx_lm"] if peer.target is not None else [])
+    runs = _time_spec_runs(run, methods, temps, items, ids, max_tokens, warmup, repeats, progress)
 
-    ref_target = ref_draft = peer_desc = None
-    peer_reason = "not requested (with_mlx_lm=False)"
-    if with_mlx_lm:
-        ref_target, ref_draft, peer_desc, peer_reason = _mlx_lm_peer(lm, draft, drafter)
-    methods = ["target", "spec"] + (["mlx_lm"] if ref_target is not None else [])
-
-    def run(method: str, t: float, p: list[int], n: int) -> dict[str, Any]:
-        if method == "mlx_lm":
-            return _mlx_lm_run(ref_target, ref_draft, lm.tokenizer, p, t, n, k, seed)
-        return _mlxspec_run(method, lm, p, params_of[t], n, stop, seed,
-                            drafter if method == "spec" else None, k)
-
-    rows: list[dict[str, Any]] = []
-    total = len(temps) * len(items) * repeats * len(methods)
-    done = 0
-    for ti, t in enumerate(temps):
-        for _ in range(warmup):
-            for m in methods:
-                run(m, t, ids[0], min(max_tokens, WARMUP_TOKENS))
-        for r in range(repeats):
-            for j, (it, p) in enumerate(zip(items, ids)):
-                order = methods if (ti + j + r) % 2 == 0 else methods[::-1]
-                got = {}
-                for pos, m in enumerate(order):
-                    row = run(m, t, p, max_tokens)
-                    row.update(temperature=t, prompt_id=it["id"], category=it["category"], repeat=r, order=pos,
-                               identical_to_target=None, first_mismatch=None)
-                    got[m] = row
-                    rows.append(row)
-                    done += 1
-                    if progress is not None:
-                        progress(done, total, f"{_fmt_t(t)} · {METHOD_LABELS[m]} · {it['category']} #{it['id']}"
-                                 f" · repeat {r + 1}/{repeats}")
-                if t == 0:
-                    for m in methods[1:]:
-                        mm = _first_mismatch(got["target"]["tokens"], got[m]["tokens"])
-                        got[m].update(identical_to_target=mm is None, first_mismatch=mm)
-
-    results = []
     cats = list(dict.fromkeys(it["category"] for it in items))
-    for t in temps:
-        tr = [r for r in rows if r["temperature"] == t]
-        results.append({
-            "temperature": t,
-            "categories": {c: aggregate([r for r in tr if r["category"] == c], k) for c in cats},
-            "overall": aggregate(tr, k),
-        })
-
-    result = {
-        **run_header(lm),
-        "settings": {
-            "draft": draft,
-            "k": k,
-            "temps": list(temps),
-            "categories": cats,
-            "per_category": per_category if prompts_file is None else None,
-            "max_tokens": max_tokens,
-            "warmup": warmup,
-            "warmup_tokens": min(max_tokens, WARMUP_TOKENS),
-            "repeats": repeats,
-            "seed": seed,
-            "with_mlx_lm": with_mlx_lm,
-            "prompts_file": str(prompts_file) if prompts_file is not None else None,
-            "headline": "end-to-end tokens/s = generated tokens / (prefill_s + decode_s)",
-        },
-        "note": note,
-        "prompts": [{"id": it["id"], "category": it["category"],
-                     "source_category": it.get("source_category", it["category"]), "prompt_tokens": len(p)}
-                    for it, p in zip(items, ids)],
-        "mlx_lm": None if ref_target is None else {
-            "description": peer_desc,
-            "note": "accepted tokens per step rebuilt from stream_generate's from_draft flags; at T > 0 "
-                    "mlx-lm accepts a draft only if the target's sampled token equals it",
-        },
-        "mlx_lm_reason": peer_reason,
-        "runs": rows,
-        "results": results,
-    }
-    result["verdicts"] = verdicts(result)
-    return result
+    results = [temp_result(runs, t, cats, k) for t in temps]
+    settings = SpecSettings(draft, k, list(temps), cats, per_category if prompts_file is None else None, max_tokens,
+                            warmup, min(max_tokens, WARMUP_TOKENS), repeats, seed, with_mlx_lm,
+                            str(prompts_file) if prompts_file is not None else None)
+    return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
+                           verdicts(results, draft, k))
 
 
-def _f(x: float | None, fmt: str = "{:.1f}") -> str:
-    return "-" if x is None else fmt.format(x)
+# ----------------------------------------------------------------------------- output
 
 
-def _acc(xs: list[float | None]) -> str:
-    return " ".join("-" if x is None else f"{x:.2f}" for x in xs)
+def _speedup_cell(a: Aggregate) -> str:
+    sp = fmt(a.speedup, "{:.2f}x")
+    kind = a.comparison.kind
+    if kind is Kind.SLOWER:
+        sp = markup(kind, f"{sp} SLOWER")
+    elif kind is Kind.FASTER:
+        sp = markup(kind, sp)
+    if a.greedy_mismatches:
+        sp += " " + markup(Kind.BUG, "MISMATCH")
+    return sp
 
 
-def print_spec(result: dict[str, Any], console) -> None:
-    """Render a ``spec_bench`` result: one rich table per temperature, then the verdicts."""
+def _spec_columns(peer: bool) -> list[tuple[str, str]]:
+    cols = [("category", "left"), ("target\ntok/s", "right"), ("spec\ntok/s", "right"), ("speedup", "right"),
+            ("95%\ninterval", "right"), ("median", "right"), ("tau", "right"), ("acc by\nposition", "left"),
+            ("draft\nms", "right"), ("verify\nms", "right")]
+    if peer:
+        cols += [("mlx-lm\ntok/s", "right"), ("vs\nmlx-lm", "right"), ("mlx-lm\ntau", "right")]
+    return cols
+
+
+def _spec_cells(name: str, a: Aggregate, peer: bool) -> list[str]:
+    s, iv = a.spec, a.comparison.interval
+    cells = [name, fmt(a.target_tps), fmt(a.spec_tps), _speedup_cell(a), "-" if iv is None else str(iv),
+             fmt(a.speedup_median, "{:.2f}x"), fmt(s and s.tau, "{:.2f}"),
+             fmt_list(s.acceptance if s else [None] * a.k), fmt(s and s.draft_ms), fmt(s and s.verify_ms)]
+    if peer:
+        m = a.mlx_lm
+        cells += [fmt(m and m.stats.tps), fmt(m and m.ratio, "{:.2f}x"), fmt(m and m.stats.tau, "{:.2f}")]
+    return cells
+
+
+def _spec_table(result: SpecBenchResult, res: TempResult):
     from rich.table import Table
     from rich.text import Text
 
-    s = result["settings"]
-    prompts = result["prompts"]
-    peer = result.get("mlx_lm") is not None
-    per_cat = f" ({s['per_category']} per category)" if s.get("per_category") and not s.get("prompts_file") else ""
-    for res in result["results"]:
-        table = Table(
-            title=(f"Speculative decoding, {_fmt_t(res['temperature'])}: {result['model']} ({result['dtype']}) "
-                   f"+ {s['draft']}, k={s['k']} — {result['backend']}"),
-            caption=(f"{len(prompts)} prompts{per_cat}, {s['max_tokens']} new tokens max, {s['warmup']} warm-up, "
-                     f"{s['repeats']} repeat(s). tok/s end-to-end (prefill included); speedup = summed spec tok/s / "
-                     f"summed target tok/s (median: of per-prompt ratios); tau = accepted drafts per step; "
-                     f"acc = acceptance by draft position"
-                     + ("; vs mlx-lm = mlxspec / mlx-lm speculative tok/s" if peer else "")),
-        )
-        cols = [("category", "left"), ("target\ntok/s", "right"), ("spec\ntok/s", "right"),
-                ("speedup", "right"), ("median", "right"), ("tau", "right"), ("acc by\nposition", "left"),
-                ("draft\nms", "right"), ("verify\nms", "right")]
-        if peer:
-            cols += [("mlx-lm\ntok/s", "right"), ("vs\nmlx-lm", "right"), ("mlx-lm\ntau", "right")]
-        entries = list(res["categories"].items()) + [("overall", res["overall"])]
-        rows = []
-        for name, a in entries:
-            sp = _f(a["speedup"], "{:.2f}x")
-            if a["slower"]:
-                sp = f"[red]{sp} SLOWER[/]"
-            if a["greedy_mismatches"]:
-                sp += " [bold red]MISMATCH[/]"
-            cells = [name, _f(a["target_tps"]), _f(a["spec_tps"]), sp,
-                     _f(a["speedup_median"], "{:.2f}x"), _f(a["tau"], "{:.2f}"), _acc(a["acceptance"]),
-                     _f(a["draft_ms"]), _f(a["verify_ms"])]
-            if peer:
-                m = a["mlx_lm"] or {}
-                cells += [_f(m.get("tps")), _f(m.get("ratio"), "{:.2f}x"), _f(m.get("tau"), "{:.2f}")]
-            rows.append(cells)
-        for c, (col, just) in enumerate(cols):
-            # never cut a number: a column may wrap at spaces but is at least its longest word wide
-            longest = max(len(w) for r in rows for w in Text.from_markup(r[c]).plain.split())
-            table.add_column(col, justify=just, no_wrap=c == 0, min_width=longest)
-        for i, cells in enumerate(rows):
-            table.add_row(*cells, style="bold" if i == len(rows) - 1 else None, end_section=i == len(rows) - 2)
-        console.print(table)
-    if result.get("note"):
-        console.print(f"[yellow]note:[/] {result['note']}")
-    if not peer and s.get("with_mlx_lm"):
-        console.print(f"[dim]mlx-lm peer: none ({result.get('mlx_lm_reason')})[/]")
-    for line in result["verdicts"]:
-        style = "red" if ("SLOWER" in line or "BUG" in line) else "green" if "speculation is" in line else ""
-        console.print(f"[{style}]{line}[/]" if style else line, highlight=False)
+    s, h = result.settings, result.header
+    peer = result.peer.target is not None
+    per_cat = f" ({s.per_category} per category)" if s.per_category and not s.prompts_file else ""
+    table = Table(
+        title=(f"Speculative decoding, {fmt_t(res.temperature)}: {h.model} ({h.dtype}) + {s.draft}, k={s.k} "
+               f"— {h.backend}"),
+        caption=(f"{len(result.prompts)} prompts{per_cat}, {s.max_tokens} new tokens max, {s.warmup} warm-up, "
+                 f"{s.repeats} repeat(s). tok/s end-to-end (prefill included); speedup = summed spec tok/s / "
+                 f"summed target tok/s, 95% interval: bootstrap over (prompt, repeat) pairs (median: of per-prompt "
+                 f"ratios); tau = accepted drafts per step; acc = acceptance by draft position"
+                 + ("; vs mlx-lm = mlxspec / mlx-lm speculative tok/s" if peer else "")),
+    )
+    entries = list(res.categories.items()) + [("overall", res.overall)]
+    rows = [_spec_cells(name, a, peer) for name, a in entries]
+    for c, (col, just) in enumerate(_spec_columns(peer)):
+        # never cut a number: a column may wrap at spaces but is at least its longest word wide
+        longest = max(len(w) for r in rows for w in Text.from_markup(r[c]).plain.split())
+        table.add_column(col, justify=just, no_wrap=c == 0, min_width=longest)
+    for i, cells in enumerate(rows):
+        table.add_row(*cells, style="bold" if i == len(rows) - 1 else None, end_section=i == len(rows) - 2)
+    return table
+
+
+def print_verdicts(verdicts: Sequence[Verdict], console) -> None:
+    """One line per verdict, coloured by its kind."""
+    for v in verdicts:
+        console.print(markup(v.kind, v.text), highlight=False)
+
+
+def print_spec(result: SpecBenchResult, console) -> None:
+    """Render a ``spec_bench`` result: one rich table per temperature, then the verdicts."""
+    for res in result.results:
+        console.print(_spec_table(result, res))
+    if result.note:
+        console.print(f"[yellow]note:[/] {result.note}")
+    if result.peer.target is None and result.settings.with_mlx_lm:
+        console.print(f"[dim]mlx-lm peer: none ({result.peer.reason})[/]")
+    print_verdicts(result.verdicts, console)

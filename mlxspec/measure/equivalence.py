@@ -36,16 +36,24 @@ Both return JSON-serialisable dicts; ``print_verify`` renders either or both
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
+from mlxspec.measure.runs import (
+    Run,
+    data_dir,
+    engine_run,
+    fallback_prompts,
+    first_mismatch,
+    jsonl_rows,
+    run_header,
+)
+from mlxspec.measure.verdict import Kind, markup
 
 ALPHA = 0.01  # the sampling check passes iff its permutation p-value > ALPHA
 MAX_BINS = 200  # named token ids at most (dof = number of named ids)
@@ -70,21 +78,16 @@ def verify_prompts() -> list[dict[str, Any]]:
     """[{id, category, text}]: MT-Bench first turns, interleaved across categories (one of each
     category, then the second of each, ...) so that any prefix of the list is varied. Falls back
     to the benchmark's built-in prompts when the shared data folder is missing."""
-    from mlxspec.measure.bench import FALLBACK_PROMPTS, data_dir
-
     path = data_dir() / MT_BENCH_FILE
     by_cat: dict[str, list[dict[str, Any]]] = {}
     if path.is_file():
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    row = json.loads(line)
-                    if row.get("turns"):
-                        cat = row.get("category", "mt_bench")
-                        by_cat.setdefault(cat, []).append(
-                            {"id": row.get("question_id"), "category": cat, "text": row["turns"][0]})
+        for row in jsonl_rows(path):
+            if row.get("turns"):
+                cat = row.get("category", "mt_bench")
+                by_cat.setdefault(cat, []).append({"id": row.get("question_id"), "category": cat,
+                                                   "text": row["turns"][0]})
     if not by_cat:
-        return [{"id": f"builtin-{i + 1}", "category": "builtin", "text": t} for i, t in enumerate(FALLBACK_PROMPTS)]
+        return fallback_prompts()
     out: list[dict[str, Any]] = []
     lists = list(by_cat.values())
     for i in range(max(len(v) for v in lists)):
@@ -109,51 +112,44 @@ def _drafter(draft: str, lm):
     return d
 
 
-def _run(lm, ids, params, max_tokens, stop, seed, drafter=None, k=4) -> tuple[list[int], dict[str, Any]]:
-    """Emitted tokens and {steps, drafted, accepted, elapsed_s, stop_reason} of one generation."""
-    from mlxspec.core.engine import generate
-    from mlxspec.core.events import Done, Step
+@dataclass
+class Tally:
+    """What one method produced over a check: tokens, sequences, steps, drafts, time."""
 
-    out: list[int] = []
-    drafted = accepted = steps = 0
-    reason = ""
-    t0 = time.perf_counter()
-    for ev in generate(lm.model, ids, params, max_tokens, stop, lm.context_length, seed, drafter, k):
-        if isinstance(ev, Step):
-            out += ev.emitted
-            drafted += ev.k
-            accepted += ev.accepted
-        elif isinstance(ev, Done):
-            steps, reason = ev.steps, ev.stop_reason
-    return out, {"steps": steps, "drafted": drafted, "accepted": accepted, "elapsed_s": time.perf_counter() - t0,
-                 "stop_reason": reason}
+    speculative: bool
+    tokens: int = 0
+    sequences: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    elapsed_s: float = 0.0
+    eos: int = 0
 
+    def add(self, run: Run) -> None:
+        self.tokens += run.generated_tokens
+        self.sequences += 1
+        self.steps += run.steps
+        self.drafted += sum(run.drafted)
+        self.accepted += sum(run.accepted)
+        self.elapsed_s += run.total_s
+        self.eos += run.stop_reason == "eos"
 
-def _method_stats(tokens: int, sequences: int, st: dict[str, Any]) -> dict[str, Any]:
-    """tokens/s, and for speculative runs: acceptance rate (accepted / drafted), tau (mean
-    accepted draft tokens per step) and tokens per step (mean emitted per target pass)."""
-    el = st["elapsed_s"]
-    d = {"tokens": tokens, "sequences": sequences, "eos": st.get("eos", 0), "elapsed_s": el,
-         "tokens_per_s": tokens / el if el > 0 else 0.0}
-    if st["drafted"] or st.get("speculative"):
-        steps = max(st["steps"], 1)
-        d.update(steps=st["steps"], drafted=st["drafted"], accepted=st["accepted"],
-                 acceptance_rate=st["accepted"] / st["drafted"] if st["drafted"] else 0.0,
-                 tau=st["accepted"] / steps, tokens_per_step=tokens / steps)
-    return d
-
-
-def _add(total: dict[str, Any], st: dict[str, Any]) -> None:
-    for key in ("steps", "drafted", "accepted", "elapsed_s"):
-        total[key] = total.get(key, 0) + st[key]
-    total["eos"] = total.get("eos", 0) + (st["stop_reason"] == "eos")
+    def to_json(self) -> dict[str, Any]:
+        """tokens/s, and for speculative runs: acceptance rate (accepted / drafted), tau (mean
+        accepted draft tokens per step) and tokens per step (mean emitted per target pass)."""
+        el = self.elapsed_s
+        d = {"tokens": self.tokens, "sequences": self.sequences, "eos": self.eos, "elapsed_s": el,
+             "tokens_per_s": self.tokens / el if el > 0 else 0.0}
+        if not (self.drafted or self.speculative):
+            return d
+        steps = max(self.steps, 1)
+        return {**d, "steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+                "tau": self.accepted / steps, "tokens_per_step": self.tokens / steps}
 
 
 def _header(lm, draft: str, k: int) -> dict[str, Any]:
-    from mlxspec.runtime import backend_description
-
-    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "backend": backend_description(), "model": lm.name, "dtype": lm.dtype, "draft": draft, "k": k}
+    return {**run_header(lm).to_json(), "draft": draft, "k": k}
 
 
 # ----------------------------------------------------------------------------- sampling check
@@ -214,6 +210,114 @@ def permutation_p(plain_seqs: np.ndarray, spec_seqs: np.ndarray, observed: float
     return (int((null >= observed * (1 - 1e-12)).sum()) + 1) / (permutations + 1)
 
 
+METHODS = ("target_only", "speculative")
+
+
+@dataclass
+class Sample:
+    """The sequences each method sampled, round by round (``EOS_BIN`` appended to a sequence
+    that ended at a stop token: when a sequence ends is part of the distribution too)."""
+
+    seqs: dict[str, list[list[int]]]
+    tallies: dict[str, Tally]
+    used: Counter  # prompt index -> rounds it was used in
+    rounds: int = 0
+
+
+def _sample_rounds(lm, drafter, items: list[dict[str, Any]], ids: list[list[int]], params, k: int, tokens: int,
+                   max_tokens: int, seed: int, progress: Progress) -> Sample:
+    """Round r: the next prompt, one sequence per method (seeds ``seed * 1_000_003 + 2r`` and
+    ``+ 1``), until both methods have at least ``tokens`` tokens."""
+    from mlxspec.targets.tokenizer import stop_token_ids
+
+    stop = stop_token_ids(lm.tokenizer)
+    sample = Sample({m: [] for m in METHODS}, {m: Tally(m == "speculative") for m in METHODS}, Counter())
+    while min(t.tokens for t in sample.tallies.values()) < tokens:
+        r, j = sample.rounds, sample.rounds % len(items)
+        for method in METHODS:
+            run = engine_run(lm, ids[j], params, max_tokens, stop, seed * 1_000_003 + 2 * r + (method == "speculative"),
+                             drafter if method == "speculative" else None, k)
+            sample.tallies[method].add(run)
+            sample.seqs[method].append(run.tokens + ([EOS_BIN] if run.stop_reason == "eos" else []))
+            if progress is not None:
+                done = sum(min(t.tokens, tokens) for t in sample.tallies.values())
+                progress(done, 2 * tokens, f"{method.replace('_', '-')} · {items[j]['category']} #{items[j]['id']}")
+        sample.used[j] += 1
+        sample.rounds += 1
+    return sample
+
+
+def _per_sequence(lists: list[list[int]], bin_ids: list[int], ncols: int) -> np.ndarray:
+    """(sequences, ncols) binned counts: named ids in their column, the rest in "other" (the
+    last column, when the table has one)."""
+    col = {int(i): c for c, i in enumerate(bin_ids)}
+    m = np.zeros((len(lists), ncols), dtype=np.int64)
+    for r, out in enumerate(lists):
+        for tok in out:
+            c = col.get(tok, len(bin_ids))
+            if c < ncols:
+                m[r, c] += 1
+    return m
+
+
+def _bins(tokenizer, bin_ids: list[int], table: np.ndarray) -> list[dict[str, Any]]:
+    bins = [{"id": int(i), "text": "<eos>" if i == EOS_BIN else tokenizer.decode([int(i)]),
+             "target_only": int(a), "speculative": int(b)} for i, a, b in zip(bin_ids, table[0], table[1])]
+    if table.shape[1] > len(bin_ids):
+        bins.append({"id": None, "text": "<other>", "target_only": int(table[0, -1]), "speculative": int(table[1, -1])})
+    return bins
+
+
+@dataclass(frozen=True)
+class Homogeneity:
+    """The chi-squared test of the two samples, asymptotic and by paired permutation."""
+
+    bin_ids: list[int]
+    table: np.ndarray
+    chi2: float
+    dof: int
+    p: float
+    null: np.ndarray
+    p_permutation: float
+
+
+def homogeneity(sample: Sample, seed: int) -> Homogeneity:
+    """Bin the pooled sample, test it with ``chi2_contingency``, and against the paired
+    permutation null of the same statistic."""
+    from scipy.stats import chi2_contingency
+
+    from mlxspec.errors import MlxspecError
+
+    counts = {m: Counter(tok for seq in sample.seqs[m] for tok in seq) for m in METHODS}
+    bin_ids, table = contingency_bins(counts["target_only"], counts["speculative"])
+    if table.shape[1] < 2:
+        raise MlxspecError(f"too few tokens to bin ({sum(t.tokens for t in sample.tallies.values())}): raise --tokens")
+    chi2, p, dof, _ = chi2_contingency(table, correction=False)
+    per_seq = {m: _per_sequence(sample.seqs[m], bin_ids, table.shape[1]) for m in METHODS}
+    null = permutation_null(per_seq["target_only"], per_seq["speculative"], seed=seed)
+    p_perm = (int((null >= chi2 * (1 - 1e-12)).sum()) + 1) / (len(null) + 1)
+    return Homogeneity(bin_ids, table, float(chi2), int(dof), float(p), null, float(p_perm))
+
+
+def _sampling_result(lm, draft: str, k: int, settings: dict[str, Any], items: list[dict[str, Any]],
+                     ids: list[list[int]], sample: Sample, h: Homogeneity) -> dict[str, Any]:
+    counts = Counter(tok for m in METHODS for seq in sample.seqs[m] for tok in seq)
+    return {
+        "check": "sampling", **_header(lm, draft, k), "settings": settings,
+        "prompts_used": [{"id": items[j]["id"], "category": items[j]["category"], "prompt_tokens": len(ids[j]),
+                          "rounds": sample.used[j]} for j in sorted(sample.used)],
+        "target_only": sample.tallies["target_only"].to_json(), "speculative": sample.tallies["speculative"].to_json(),
+        "distinct_ids": len(counts), "bins": _bins(lm.tokenizer, h.bin_ids, h.table),
+        "chi2": h.chi2, "dof": h.dof, "p": h.p, "p_permutation": h.p_permutation, "permutations": PERMUTATIONS,
+        "permutation_null_mean": float(h.null.mean()),  # vs dof: how much within-sequence dependence inflates chi2
+        "permutation_null_q99": float(np.quantile(h.null, 0.99)),
+        "alpha": ALPHA, "passed_asymptotic": bool(h.p > ALPHA), "passed": bool(h.p_permutation > ALPHA),
+        "decided_by": "p_permutation",
+        "note": ("p is chi2_contingency's asymptotic p-value, which assumes independent tokens; tokens of one "
+                 "sequence are not, so pass/fail uses p_permutation (paired sequence-level label swaps)"),
+    }
+
+
 def sampling_check(
     model_spec="default",
     draft: str = "self:8",
@@ -242,11 +346,9 @@ def sampling_check(
     also sequences{target_only, speculative}: every round's token ids (+ -1 if it ended at a
     stop token).
     """
-    from scipy.stats import chi2_contingency
-
     from mlxspec.core.sampling import SamplingParams
     from mlxspec.errors import MlxspecError
-    from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
+    from mlxspec.targets.tokenizer import encode_prompt
 
     params = SamplingParams(temperature=temperature, top_p=top_p)
     if params.greedy:
@@ -257,83 +359,13 @@ def sampling_check(
     drafter = _drafter(draft, lm)
     items = verify_prompts()
     ids = [encode_prompt(lm.tokenizer, it["text"]) for it in items]
-    stop = stop_token_ids(lm.tokenizer)
-
-    counts = {"target_only": Counter(), "speculative": Counter()}
-    seqs: dict[str, list[list[int]]] = {"target_only": [], "speculative": []}
-    n_tok = {"target_only": 0, "speculative": 0}
-    stats: dict[str, dict[str, Any]] = {"target_only": {}, "speculative": {"speculative": True}}
-    used: Counter = Counter()
-    r = 0
-    while min(n_tok.values()) < tokens:
-        j = r % len(items)
-        for method in ("target_only", "speculative"):
-            s = seed * 1_000_003 + 2 * r + (method == "speculative")
-            d = drafter if method == "speculative" else None
-            out, st = _run(lm, ids[j], params, max_tokens_per_prompt, stop, s, d, k)
-            n_tok[method] += len(out)
-            if st["stop_reason"] == "eos":  # ending is part of the distribution too
-                out = out + [EOS_BIN]
-            counts[method].update(out)
-            seqs[method].append(out)
-            _add(stats[method], st)
-            if progress is not None:
-                done = sum(min(v, tokens) for v in n_tok.values())
-                progress(done, 2 * tokens, f"{method.replace('_', '-')} · {items[j]['category']} #{items[j]['id']}")
-        used[j] += 1
-        r += 1
-
-    bin_ids, table = contingency_bins(counts["target_only"], counts["speculative"])
-    if table.shape[1] < 2:
-        raise MlxspecError(f"too few tokens to bin ({sum(n_tok.values())}): raise --tokens")
-    chi2, p, dof, _ = chi2_contingency(table, correction=False)
-    col = {int(i): c for c, i in enumerate(bin_ids)}
-    per_seq = {}
-    for method, lists in seqs.items():
-        m = np.zeros((len(lists), table.shape[1]), dtype=np.int64)
-        for r_i, out in enumerate(lists):
-            for tok in out:
-                c = col.get(tok, len(bin_ids))
-                if c < table.shape[1]:
-                    m[r_i, c] += 1
-        per_seq[method] = m
-    null = permutation_null(per_seq["target_only"], per_seq["speculative"], seed=seed)
-    p_perm = (int((null >= chi2 * (1 - 1e-12)).sum()) + 1) / (len(null) + 1)
-    bins = [{"id": int(i), "text": "<eos>" if i == EOS_BIN else lm.tokenizer.decode([int(i)]),
-             "target_only": int(a), "speculative": int(b)} for i, a, b in zip(bin_ids, table[0], table[1])]
-    if table.shape[1] > len(bin_ids):
-        bins.append({"id": None, "text": "<other>", "target_only": int(table[0, -1]), "speculative": int(table[1, -1])})
-
-    result = {
-        "check": "sampling",
-        **_header(lm, draft, k),
-        "settings": {"tokens": tokens, "temperature": temperature, "top_p": top_p,
-                     "max_tokens_per_prompt": max_tokens_per_prompt, "seed": seed, "max_bins": MAX_BINS,
-                     "min_pooled_count": MIN_POOLED_COUNT, "prompt_source": MT_BENCH_FILE
-                     if items[0]["category"] != "builtin" else "builtin"},
-        "prompts_used": [{"id": items[j]["id"], "category": items[j]["category"], "prompt_tokens": len(ids[j]),
-                          "rounds": used[j]} for j in sorted(used)],
-        "target_only": _method_stats(n_tok["target_only"], r, stats["target_only"]),
-        "speculative": _method_stats(n_tok["speculative"], r, stats["speculative"]),
-        "distinct_ids": len(counts["target_only"] + counts["speculative"]),
-        "bins": bins,
-        "chi2": float(chi2),
-        "dof": int(dof),
-        "p": float(p),
-        "p_permutation": float(p_perm),
-        "permutations": PERMUTATIONS,
-        "permutation_null_mean": float(null.mean()),  # vs dof: how much within-sequence dependence inflates chi2
-        "permutation_null_q99": float(np.quantile(null, 0.99)),
-        "alpha": ALPHA,
-        "passed_asymptotic": bool(p > ALPHA),
-        "passed": bool(p_perm > ALPHA),
-        "decided_by": "p_permutation",
-        "note": ("p is chi2_contingency's asymptotic p-value, which assumes independent tokens; tokens of one "
-                 "sequence are not, so pass/fail uses p_permutation (paired sequence-level label swaps)"),
-    }
-    if keep_sequences:
-        result["sequences"] = seqs
-    return result
+    sample = _sample_rounds(lm, drafter, items, ids, params, k, tokens, max_tokens_per_prompt, seed, progress)
+    settings = {"tokens": tokens, "temperature": temperature, "top_p": top_p,
+                "max_tokens_per_prompt": max_tokens_per_prompt, "seed": seed, "max_bins": MAX_BINS,
+                "min_pooled_count": MIN_POOLED_COUNT,
+                "prompt_source": MT_BENCH_FILE if items[0]["category"] != "builtin" else "builtin"}
+    result = _sampling_result(lm, draft, k, settings, items, ids, sample, homogeneity(sample, seed))
+    return {**result, "sequences": sample.seqs} if keep_sequences else result
 
 
 # ----------------------------------------------------------------------------- greedy check
@@ -390,39 +422,41 @@ def greedy_check(
     items = verify_prompts()
     params = SamplingParams()  # greedy
     results = []
-    stats: dict[str, dict[str, Any]] = {"target_only": {}, "speculative": {"speculative": True}}
-    n_tok = {"target_only": 0, "speculative": 0}
+    tallies = {m: Tally(m == "speculative") for m in METHODS}
     done = 0
     for i in range(prompts):
         it = items[i % len(items)]
         ids = encode_prompt(lm.tokenizer, it["text"])
         n = min(tokens, lm.context_length - len(ids))
         outs = {}
-        for method in ("target_only", "speculative"):
-            d = drafter if method == "speculative" else None
-            outs[method], st = _run(lm, ids, params, n, set(), 0, d, k)
-            _add(stats[method], st)
-            n_tok[method] += len(outs[method])
+        for method in METHODS:
+            run = engine_run(lm, ids, params, n, set(), 0, drafter if method == "speculative" else None, k)
+            tallies[method].add(run)
+            outs[method] = run.tokens
             done += n
             if progress is not None:
                 progress(done, 2 * prompts * tokens, f"greedy {method.replace('_', '-')} · {it['category']} #{it['id']}")
-        a, b = outs["target_only"], outs["speculative"]
-        row: dict[str, Any] = {"id": it["id"], "category": it["category"], "prompt_tokens": len(ids),
-                               "tokens": len(a), "identical": a == b}
-        if a == b:
-            row.update(classification="identical", diverged_at=None, agreeing=len(a))
-        else:
-            at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            if at < min(len(a), len(b)):
-                div = _divergence(lm, ids + a[:at], a[at], b[at])
-                row.update(diverged_at=at, target_token=a[at], spec_token=b[at],
-                           target_text=lm.tokenizer.decode([a[at]]), spec_text=lm.tokenizer.decode([b[at]]),
-                           agreeing=at, **div)
-            else:  # one is a strict prefix of the other: lengths differ, an engine bug
-                row.update(diverged_at=at, classification="mismatch", agreeing=at,
-                           reason=f"lengths differ: target-only {len(a)}, speculative {len(b)}")
-        results.append(row)
+        results.append(_greedy_row(lm, it, ids, outs["target_only"], outs["speculative"]))
+    return _greedy_result(lm, draft, k, prompts, tokens, results, tallies)
 
+
+def _greedy_row(lm, it: dict[str, Any], ids: list[int], a: list[int], b: list[int]) -> dict[str, Any]:
+    """One prompt's comparison: identical, a floating-point near-tie, or a real mismatch."""
+    row: dict[str, Any] = {"id": it["id"], "category": it["category"], "prompt_tokens": len(ids),
+                           "tokens": len(a), "identical": a == b}
+    at = first_mismatch(a, b)
+    if at is None:
+        return {**row, "classification": "identical", "diverged_at": None, "agreeing": len(a)}
+    if at == min(len(a), len(b)):  # one is a strict prefix of the other: lengths differ, an engine bug
+        return {**row, "diverged_at": at, "classification": "mismatch", "agreeing": at,
+                "reason": f"lengths differ: target-only {len(a)}, speculative {len(b)}"}
+    return {**row, "diverged_at": at, "target_token": a[at], "spec_token": b[at],
+            "target_text": lm.tokenizer.decode([a[at]]), "spec_text": lm.tokenizer.decode([b[at]]), "agreeing": at,
+            **_divergence(lm, ids + a[:at], a[at], b[at])}
+
+
+def _greedy_result(lm, draft: str, k: int, prompts: int, tokens: int, results: list[dict[str, Any]],
+                   tallies: dict[str, Tally]) -> dict[str, Any]:
     classes = Counter(r["classification"] for r in results)
     return {
         "check": "greedy",
@@ -430,10 +464,10 @@ def greedy_check(
         "settings": {"prompts": prompts, "tokens": tokens, "near_tie": NEAR_TIE, "stop_on_eos": False},
         "results": results,
         "summary": {"prompts": prompts, "identical": classes["identical"], "near_ties": classes["near_tie"],
-                    "mismatches": classes["mismatch"], "tokens_compared": n_tok["target_only"],
+                    "mismatches": classes["mismatch"], "tokens_compared": tallies["target_only"].tokens,
                     "tokens_agreeing": sum(r["agreeing"] for r in results)},
-        "target_only": _method_stats(n_tok["target_only"], prompts, stats["target_only"]),
-        "speculative": _method_stats(n_tok["speculative"], prompts, stats["speculative"]),
+        "target_only": tallies["target_only"].to_json(),
+        "speculative": tallies["speculative"].to_json(),
         "passed": classes["mismatch"] == 0,
     }
 
@@ -442,7 +476,7 @@ def greedy_check(
 
 
 def _verdict(ok: bool) -> str:
-    return "[bold green]PASS[/]" if ok else "[bold red]FAIL[/]"
+    return markup(Kind.PASS, "PASS") if ok else markup(Kind.FAIL, "FAIL")
 
 
 def _print_sampling(r: dict[str, Any], console) -> None:
@@ -503,7 +537,7 @@ def _print_greedy(r: dict[str, Any], console) -> None:
             gap = f"{x['top2_gap']:.2e}" if "top2_gap" in x else x.get("reason", "-")
             table.add_row(f"{x['category']} #{x['id']}", str(x["diverged_at"]), repr(x.get("target_text", "")),
                           repr(x.get("spec_text", "")), gap,
-                          "near-tie" if x["classification"] == "near_tie" else "[red]mismatch[/]")
+                          "near-tie" if x["classification"] == "near_tie" else markup(Kind.CAUSE, "mismatch"))
         console.print(table)
     console.print(f"  greedy: {_verdict(r['passed'])}")
 

@@ -3,18 +3,24 @@
 For each temperature and K: mean accepted drafts per verification step (tau) and the
 acceptance rate of each draft position, on held-out prompts (Spec-Bench, which draft
 training never sees), plus the draft's and the target pass's time per step.
+
+The result is an ``EvalResult`` record; its ``to_json()`` is the JSON (schema 2, see ``runs``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlxspec.core.drafters import parse_k
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
-from mlxspec.measure.bench import (
-    _mlxspec_run,
+from mlxspec.measure.runs import (
+    SCHEMA,
+    RunHeader,
+    engine_run,
+    fmt_list,
     method_stats,
     prepare_speculative_run,
     run_header,
@@ -22,6 +28,36 @@ from mlxspec.measure.bench import (
 )
 
 EVAL_KS = (3, 5, 8)
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One (temperature, K): acceptance and costs over all held-out prompts."""
+
+    temp: float
+    k: int
+    tau: float | None
+    acceptance: list[float | None]
+    tokens_per_step: float | None
+    tps: float
+    draft_ms: float | None
+    verify_ms: float | None
+    steps: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    header: RunHeader
+    draft: str
+    prompts: list[Any]
+    max_tokens: int
+    note: str | None
+    results: list[EvalRow]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "header": self.header.to_json(), "draft": self.draft, "prompts": list(self.prompts),
+                "max_tokens": self.max_tokens, "note": self.note, "results": [asdict(r) for r in self.results]}
 
 
 def eval_draft(
@@ -35,7 +71,9 @@ def eval_draft(
     seed: int = 0,
     dtype: str = "auto",
     progress: Callable[[int, int, str], None] | None = None,
-) -> dict[str, Any]:
+) -> EvalResult:
+    """tau and acceptance by position of ``draft`` on ``target`` for every temperature and K,
+    prompt i sampled with seed ``seed + i``."""
     for k in ks:
         parse_k(k)
     if not ks or not temps:
@@ -48,35 +86,31 @@ def eval_draft(
     for temp in temps:
         params = SamplingParams(temp)
         for k in ks:
-            rows = []
+            runs = []
             for i, p in enumerate(ids):
-                rows.append(_mlxspec_run("spec", lm, p, params, max_tokens, stop, seed + i, drafter, k))
+                runs.append(engine_run(lm, p, params, max_tokens, stop, seed + i, drafter, k))
                 done += 1
                 if progress:
                     progress(done, total, f"T={temp:g} K={k}")
-            s = method_stats(rows, k)
-            results.append({"temp": temp, "k": k, "tau": s["tau"], "acceptance": s["acceptance"],
-                            "tokens_per_step": s["tokens_per_step"], "tps": s["tps"],
-                            "draft_ms": s["draft_ms"], "verify_ms": s["verify_ms"], "steps": s["steps"],
-                            "tokens": s["tokens"]})
-    return {"header": run_header(lm), "draft": draft, "prompts": [it["id"] for it in items],
-            "max_tokens": max_tokens, "note": note, "results": results}
+            s = method_stats(runs, k)
+            results.append(EvalRow(temp, k, s.tau, s.acceptance, s.tokens_per_step, s.tps, s.draft_ms, s.verify_ms,
+                                   s.steps, s.tokens))
+    return EvalResult(run_header(lm), draft, [it["id"] for it in items], max_tokens, note, results)
 
 
-def tau_at(result: dict[str, Any], temp: float, k: int) -> float | None:
-    return next((r["tau"] for r in result["results"] if r["temp"] == temp and r["k"] == k), None)
+def tau_at(result: EvalResult, temp: float, k: int) -> float | None:
+    return next((r.tau for r in result.results if r.temp == temp and r.k == k), None)
 
 
-def print_eval(result: dict[str, Any], console) -> None:
+def print_eval(result: EvalResult, console) -> None:
     from rich.table import Table
 
-    table = Table(title=f"draft {result['draft']}: acceptance on {len(result['prompts'])} held-out prompts")
+    table = Table(title=f"draft {result.draft}: acceptance on {len(result.prompts)} held-out prompts")
     for col in ("T", "K", "tau", "acceptance by position", "draft ms/step", "verify ms/step", "tok/s"):
         table.add_column(col, justify="right")
-    for r in result["results"]:
-        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance"])
-        table.add_row(f"{r['temp']:g}", str(r["k"]), f"{r['tau']:.2f}", acc, f"{r['draft_ms']:.1f}",
-                      f"{r['verify_ms']:.1f}", f"{r['tps']:.1f}")
+    for r in result.results:
+        table.add_row(f"{r.temp:g}", str(r.k), f"{r.tau:.2f}", fmt_list(r.acceptance), f"{r.draft_ms:.1f}",
+                      f"{r.verify_ms:.1f}", f"{r.tps:.1f}")
     console.print(table)
-    if result.get("note"):
-        console.print(f"[yellow]{result['note']}[/]")
+    if result.note:
+        console.print(f"[yellow]{result.note}[/]")

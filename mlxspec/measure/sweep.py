@@ -5,12 +5,14 @@ the method order rotating prompt by prompt to cancel drift), after warm-up:
 
 * tokens/s END-TO-END (generated tokens / (prefill + decode) seconds, as ``bench.spec_bench``),
   median over runs with min and max; decode-only tokens/s too;
-* speedup = median over (prompt, repeat) pairs of speculative tps / target-only tps;
+* speedup = median over (prompt, repeat) pairs of speculative tps / target-only tps, with a
+  bootstrap 95% interval over those pairs (``verdict``);
 * acceptance per draft position, *conditional*: a_i = P(draft i accepted | drafts 1..i-1 were),
-  over the steps that reached position i with room to draft it. A drafter that proposes fewer
-  than K tokens (prompt lookup without a match) counts as a rejection there: nothing to accept.
-  So 1 + sum_j prod_{i<=j} a_i is the measured tokens per step. ``draft_coverage`` says how
-  often the drafter proposed a token at each position at all;
+  over the steps that reached position i with room to draft it (the engine reports the room
+  it allowed in every ``Step``). A drafter that proposes fewer than K tokens (prompt lookup
+  without a match) counts as a rejection there: nothing to accept. So 1 + sum_j prod_{i<=j} a_i
+  is the measured tokens per step. ``draft_coverage`` says how often the drafter proposed a
+  token at each position at all;
 * draft ms per drafted token (the engine's ``Step.draft_ms`` summed over drafted tokens);
 * the verification parallelism, measured directly: one target forward over K+1 tokens on a
   warmed cache (the first prompt prefilled), cache trimmed back after every pass, median of
@@ -21,9 +23,13 @@ Cost model (Leviathan et al. 2023) from the measured numbers: E(K) = 1 + sum_{j<
 a_i tokens per step, T(K) = K c_draft + c_verify(K) ms per step, predicted tokens/s E/T against
 target-only 1/c_verify(0 drafts) = 1/c_target. Its optimum is reported next to the measured one.
 
-Verdict: the measured optimum K, whether speculation pays at all, and for a loss the causes in
-plain words (thresholds below): a draft too slow to pay, a backend that verifies serially, too
-low acceptance, or per-step overhead the cost model does not see.
+Verdict: the measured optimum K and whether speculation pays there: faster or slower only when
+the 95% interval of its paired speedup excludes 1.0, otherwise "no measurable difference"; the
+Ks whose paired tokens/s cannot be told apart from the best K's are named. For a loss, the
+causes in plain words (thresholds below): a draft too slow to pay, a backend that verifies
+serially, too low acceptance, or per-step overhead the cost model does not see.
+
+The result is a ``SweepResult`` record; its ``to_json()`` is the JSON (schema 2, see ``runs``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +48,29 @@ import mlx.core as mx
 
 from mlxspec.core.drafters import MAX_K
 from mlxspec.errors import MlxspecError
-from mlxspec.measure.bench import (
+from mlxspec.measure.runs import (
+    SCHEMA,
     WARMUP_TOKENS,
-    _acc,
-    _f,
-    _first_mismatch,
-    _mlxspec_run,
+    Run,
+    RunHeader,
     acceptance_by_position,
+    engine_run,
+    first_mismatch,
+    fmt,
+    fmt_list,
     prepare_speculative_run,
+    prepared_prompts,
+    progress_ticker,
     run_header,
     spec_bench_prompts,
+)
+from mlxspec.measure.verdict import (
+    Comparison,
+    Interval,
+    Kind,
+    Verdict,
+    markup,
+    median_ratio,
 )
 
 # A draft that costs at least this fraction of a target token per drafted token cannot pay:
@@ -78,25 +98,26 @@ def parse_ks(text: str) -> list[int]:
     text = str(text)
     ks: set[int] = set()
     for part in text.split(","):
-        part = part.strip()
-        if not part:
-            raise MlxspecError(f"bad K list {text!r}: empty item (expected e.g. 1..8 or 1,2,4,8)")
-        m = _RANGE.match(part)
-        if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
-            for v in (lo, hi):
-                _check_k(v, text)
-            if lo > hi:
-                raise MlxspecError(f"bad K range {part!r} in {text!r}: it runs backwards (write {hi}..{lo})")
-            ks.update(range(lo, hi + 1))
-        elif _INT.match(part):
-            v = int(part)
-            _check_k(v, text)
-            ks.add(v)
-        else:
-            raise MlxspecError(f"bad K value {part!r} in {text!r}: expected an integer or a range "
-                               f"like 1..8 (e.g. 1..8, 1,2,4,8 or 1..3,8)")
+        ks.update(_parse_k_item(part.strip(), text))
     return sorted(ks)
+
+
+def _parse_k_item(part: str, text: str) -> range:
+    if not part:
+        raise MlxspecError(f"bad K list {text!r}: empty item (expected e.g. 1..8 or 1,2,4,8)")
+    m = _RANGE.match(part)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        for v in (lo, hi):
+            _check_k(v, text)
+        if lo > hi:
+            raise MlxspecError(f"bad K range {part!r} in {text!r}: it runs backwards (write {hi}..{lo})")
+        return range(lo, hi + 1)
+    if _INT.match(part):
+        _check_k(int(part), text)
+        return range(int(part), int(part) + 1)
+    raise MlxspecError(f"bad K value {part!r} in {text!r}: expected an integer or a range "
+                       f"like 1..8 (e.g. 1..8, 1,2,4,8 or 1..3,8)")
 
 
 def _check_k(v: int, text: str) -> None:
@@ -144,16 +165,26 @@ def verify_kind(slope: float) -> str:
     return "batch-parallel"
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """The cost model at one K: tokens per step, ms per step, tokens/s, speedup over target-only."""
+
+    k: int
+    expected_tokens: float
+    step_ms: float
+    tps: float
+    speedup: float
+
+
 def cost_model(ks: Sequence[int], acceptance: Sequence[Sequence[float | None]], draft_ms_per_token: Sequence[float],
-               verify_ms: Sequence[float], target_ms: float) -> list[dict[str, float]]:
-    """Per K (parallel lists): expected tokens per step, step ms, predicted tokens/s and the
-    predicted speedup over target-only decoding at ``target_ms`` per token."""
+               verify_ms: Sequence[float], target_ms: float) -> list[Prediction]:
+    """Per K (parallel lists): the ``Prediction`` against target-only decoding at ``target_ms``
+    per token."""
     out = []
     for k, acc, d, v in zip(ks, acceptance, draft_ms_per_token, verify_ms):
         e, t = expected_tokens(acc, k), step_ms(k, d, v)
         tps = 1e3 * e / t if t > 0 else math.inf
-        out.append({"k": k, "expected_tokens": e, "step_ms": t, "tps": tps,
-                    "speedup": tps * target_ms / 1e3})
+        out.append(Prediction(k, e, t, tps, tps * target_ms / 1e3))
     return out
 
 
@@ -166,20 +197,143 @@ def argbest(values: Sequence[float | None]) -> int | None:
     return best
 
 
+def tied_with_best(ks: Sequence[int], best: int, paired_tps: Sequence[Sequence[float]] | None) -> list[int]:
+    """The Ks whose tokens/s cannot be told from the best K's: the 95% interval of the median
+    paired ratio (same prompt and repeat) includes 1.0. ``paired_tps``: per K, tokens/s of each
+    (prompt, repeat) in the same order for every K."""
+    if not paired_tps:
+        return []
+    out = []
+    for i, k in enumerate(ks):
+        if i != best:
+            c = median_ratio([a / b for a, b in zip(paired_tps[i], paired_tps[best]) if b > 0])
+            if c.kind is Kind.SAME:
+                out.append(k)
+    return out
+
+
+# ----------------------------------------------------------------------------- the diagnosis
+
+
+@dataclass(frozen=True)
+class Optimum:
+    k: int
+    tps: float
+    speedup: float | None
+    interval: Interval | None = None
+    indistinguishable: list[int] = field(default_factory=list)  # Ks not measurably slower than this one
+
+    def to_json(self) -> dict[str, Any]:
+        return {"k": self.k, "tps": self.tps, "speedup": self.speedup,
+                "interval": None if self.interval is None else self.interval.to_json(),
+                "indistinguishable": list(self.indistinguishable)}
+
+
+@dataclass(frozen=True)
+class Cause:
+    cause: str  # draft_too_slow | serial_verify | partly_serial_verify | low_acceptance | overhead
+    message: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    optimum_measured: Optimum | None
+    optimum_predicted: Optimum | None
+    pays: bool
+    predicted: list[Prediction]
+    verify_slope: float
+    verify_kind: str
+    causes: list[Cause]
+    verdict: list[Verdict]
+
+
 def _g(x: float) -> str:
     return f"{x:.2g}" if x < 10 else f"{x:.0f}"
 
 
-def diagnose(ks: Sequence[int], tps: Sequence[float], speedup: Sequence[float],
+def _headline(best: Optimum, c: Comparison, baseline_tps: float | None) -> Verdict:
+    base = f" ({best.tps:.1f} vs {baseline_tps:.1f} tok/s)" if baseline_tps else f" ({best.tps:.1f} tok/s)"
+    sp, k, kind = c.ratio, best.k, c.kind
+    if kind is Kind.FASTER:
+        text = f"best K = {k}: {sp:.2f}x target-only{base} — speculation pays here ({c.describe()})"
+    elif kind is Kind.SLOWER:
+        text = (f"speculation does not pay here: the best K = {k} reaches only {sp:.2f}x target-only{base}; "
+                f"decode without a draft ({c.describe()})")
+    else:
+        text = (f"no measurable difference from target-only: the best K = {k} reaches {sp:.2f}x{base}, "
+                f"but the {c.describe()} includes 1.0 — speculation does not measurably pay here")
+    return Verdict(kind, text, c.interval)
+
+
+def _ties_line(best: Optimum) -> Verdict:
+    ties = best.indistinguishable
+    names = ", ".join(f"K={k}" for k in ties)
+    return Verdict(Kind.NOTE, f"note: {names} {'is' if len(ties) == 1 else 'are'} indistinguishable from the best "
+                              f"K = {best.k} (the 95% interval of their paired tokens/s over K = {best.k}'s includes "
+                              f"1.0): any of them will do")
+
+
+def _prediction_line(p: Optimum, measured_k: int) -> Verdict:
+    agree = "agrees" if p.k == measured_k else f"measured best K = {measured_k}"
+    return Verdict(Kind.INFO, f"cost model (measured acceptance and costs) predicts best K = {p.k}: {p.tps:.1f} "
+                              f"tok/s, {p.speedup:.2f}x — {agree}")
+
+
+def _cost_causes(ks: Sequence[int], i: int, draft_ms: float, target_ms: float, ratios: Sequence[float],
+                 slope: float, won: float) -> list[Cause]:
+    """Causes in the costs, judged at K = ks[i]: a slow draft, serial verification."""
+    k = ks[i]
+    r = draft_ms / target_ms if target_ms > 0 else math.inf
+    causes = []
+    if r >= DRAFT_TOO_SLOW:
+        causes.append(Cause("draft_too_slow",
+                            f"draft costs {_g(r)}x the target — too slow to pay ({draft_ms:.1f} ms per draft token "
+                            f"vs {target_ms:.1f} ms per target token; at K={k} drafting costs {k * r:.2f} target "
+                            f"tokens per step and wins {won:.2f})"))
+    top = max(range(len(ks)), key=lambda j: ks[j])  # the largest K: where serial verification shows most
+    kind = verify_kind(slope)
+    if kind == "serial":
+        causes.append(Cause("serial_verify",
+                            f"verify cost grows ~linearly with K — this backend verifies serially (a pass over K+1 = "
+                            f"{ks[top] + 1} tokens costs {ratios[top]:.1f}x one token; batch-parallel would stay near "
+                            f"1x; +{slope:.2f} of a token per extra draft)"))
+    elif kind == "partly serial":
+        causes.append(Cause("partly_serial_verify",
+                            f"verify cost grows with K — verification is only partly batch-parallel here (+{slope:.2f} "
+                            f"of a token per extra draft; a pass over {ks[top] + 1} tokens costs {ratios[top]:.1f}x "
+                            f"one)"))
+    return causes
+
+
+def _loss_causes(k: int, a1: float, won: float, overhead: float, cov1: float, predicted: float,
+                 measured: float, cost_cause: bool) -> list[Cause]:
+    """Causes of a loss beyond the costs: low acceptance, or overhead the model does not see."""
+    if a1 < LOW_ACCEPTANCE or (not cost_cause and predicted < 1.0):
+        return [Cause("low_acceptance",
+                      f"acceptance too low: {a1:.0%} of first drafts accepted, {won:.2f} tokens won per step at K={k}, "
+                      f"against a step overhead of {overhead:.2f} target tokens"
+                      + (f"; the drafter proposed nothing in {1 - cov1:.0%} of steps" if cov1 < 0.9 else ""))]
+    if not cost_cause:
+        return [Cause("overhead",
+                      f"per-step overhead outside the cost model (host syncs, sampling, cache rollback, prefill) eats "
+                      f"the gain: predicted {predicted:.2f}x at K={k}, measured {measured:.2f}x")]
+    return []
+
+
+def diagnose(ks: Sequence[int], tps: Sequence[float], speedup: Sequence[Comparison],
              acceptance: Sequence[Sequence[float | None]], draft_ms_per_token: Sequence[float],
              verify_ms: Sequence[float], target_ms: float, baseline_tps: float | None = None,
-             coverage: Sequence[Sequence[float | None]] | None = None) -> dict[str, Any]:
+             coverage: Sequence[Sequence[float | None]] | None = None,
+             paired_tps: Sequence[Sequence[float]] | None = None) -> Diagnosis:
     """The optimum, measured and predicted, and the verdict in words. Pure: numbers in, words out.
 
-    ``tps``/``speedup``: measured per K; ``acceptance``: conditional per position, per K;
-    ``draft_ms_per_token``, ``verify_ms``: per K (verify: one target pass over K+1 tokens);
-    ``target_ms``: one target pass over one token; ``coverage`` (optional, per K): how often the
-    drafter proposed a token at each position. Causes of a loss (best speedup < 1):
+    ``tps``: measured median per K; ``speedup``: per K, the paired speedup over target-only with
+    its interval; ``acceptance``: conditional per position, per K; ``draft_ms_per_token``,
+    ``verify_ms``: per K (verify: one target pass over K+1 tokens); ``target_ms``: one target
+    pass over one token; ``coverage`` (optional, per K): how often the drafter proposed a token
+    at each position; ``paired_tps`` (optional, per K): tokens/s per (prompt, repeat), to name
+    the Ks indistinguishable from the best. Speculation pays iff the best K's speedup interval
+    lies above 1.0. Causes of a loss:
 
     * ``draft_too_slow``: draft ms per token >= DRAFT_TOO_SLOW x target ms per token;
     * ``serial_verify`` / ``partly_serial_verify``: verify cost slope (``verify_slope``) >=
@@ -191,96 +345,36 @@ def diagnose(ks: Sequence[int], tps: Sequence[float], speedup: Sequence[float],
     """
     ks = list(ks)
     model = cost_model(ks, acceptance, draft_ms_per_token, verify_ms, target_ms)
-    bm = argbest(tps)
-    bp = argbest([m["tps"] for m in model])
+    bm, bp = argbest(tps), argbest([m.tps for m in model])
     ratios = [v / target_ms for v in verify_ms] if target_ms > 0 else [math.inf] * len(ks)
     slope = verify_slope(ks, ratios)
-    out: dict[str, Any] = {
-        "optimum_measured": None, "optimum_predicted": None, "pays": False, "predicted": model,
-        "verify_slope": slope, "verify_kind": verify_kind(slope), "causes": [], "verdict": [],
-    }
     if bm is None:
-        out["verdict"] = ["no measurements"]
-        return out
-    k = ks[bm]
-    sp = speedup[bm]
-    if sp is None:  # no pairs to take a ratio of: fall back on the medians
-        sp = tps[bm] / baseline_tps if baseline_tps else math.nan
-    pays = sp >= 1.0
-    out["optimum_measured"] = {"k": k, "tps": tps[bm], "speedup": sp}
-    out["pays"] = pays
-    if bp is not None:
-        out["optimum_predicted"] = {"k": ks[bp], "tps": model[bp]["tps"], "speedup": model[bp]["speedup"]}
-    base = f" ({tps[bm]:.1f} vs {baseline_tps:.1f} tok/s)" if baseline_tps else f" ({tps[bm]:.1f} tok/s)"
-    lines = []
-    if pays:
-        lines.append(f"best K = {k}: {sp:.2f}x target-only{base} — speculation pays here")
-    else:
-        lines.append(f"speculation does not pay here: the best K = {k} reaches only {sp:.2f}x target-only{base}; "
-                     f"decode without a draft")
-    if bp is not None:
-        p = model[bp]
-        agree = "agrees" if ks[bp] == k else f"measured best K = {k}"
-        lines.append(f"cost model (measured acceptance and costs) predicts best K = {ks[bp]}: {p['tps']:.1f} tok/s, "
-                     f"{p['speedup']:.2f}x — {agree}")
+        return Diagnosis(None, None, False, model, slope, verify_kind(slope), [], [Verdict(Kind.EMPTY, "no measurements")])
+    c = speedup[bm]
+    if c.ratio is None:  # no pairs to take a ratio of: fall back on the medians, no interval
+        c = Comparison(tps[bm] / baseline_tps if baseline_tps else math.nan, None, 0)
+    best = Optimum(ks[bm], tps[bm], c.ratio, c.interval, tied_with_best(ks, bm, paired_tps))
+    pred = Optimum(ks[bp], model[bp].tps, model[bp].speedup) if bp is not None else None
+    pays = c.kind is Kind.FASTER
+    lines = [_headline(best, c, baseline_tps)] + ([_ties_line(best)] if best.indistinguishable else [])
+    if pred is not None:
+        lines.append(_prediction_line(pred, best.k))
 
-    # causes, judged at the measured best K
     acc = acceptance[bm]
     a1 = acc[0] if acc and acc[0] is not None else 0.0
-    won = model[bm]["expected_tokens"] - 1.0  # drafts accepted per step
-    r = draft_ms_per_token[bm] / target_ms if target_ms > 0 else math.inf
-    v = ratios[bm]
-    cov1 = coverage[bm][0] if coverage and coverage[bm] and coverage[bm][0] is not None else 1.0
-    overhead = k * r + (v - 1.0)  # extra cost of a step over one target token, in target tokens
-    causes: list[dict[str, str]] = []
-    if r >= DRAFT_TOO_SLOW:
-        causes.append({"cause": "draft_too_slow", "message":
-                       f"draft costs {_g(r)}x the target — too slow to pay ({draft_ms_per_token[bm]:.1f} ms per "
-                       f"draft token vs {target_ms:.1f} ms per target token; at K={k} drafting costs {k * r:.2f} "
-                       f"target tokens per step and wins {won:.2f})"})
-    kv = verify_kind(slope)
-    top = max(range(len(ks)), key=lambda i: ks[i])  # the largest K: where serial verification shows most
-    if kv == "serial":
-        causes.append({"cause": "serial_verify", "message":
-                       f"verify cost grows ~linearly with K — this backend verifies serially (a pass over K+1 = "
-                       f"{ks[top] + 1} tokens costs {ratios[top]:.1f}x one token; batch-parallel would stay near "
-                       f"1x; +{slope:.2f} of a token per extra draft)"})
-    elif kv == "partly serial":
-        causes.append({"cause": "partly_serial_verify", "message":
-                       f"verify cost grows with K — verification is only partly batch-parallel here (+{slope:.2f} "
-                       f"of a token per extra draft; a pass over {ks[top] + 1} tokens costs {ratios[top]:.1f}x one)"})
+    won = model[bm].expected_tokens - 1.0  # drafts accepted per step
+    causes = _cost_causes(ks, bm, draft_ms_per_token[bm], target_ms, ratios, slope, won)
     if not pays:
-        cost_cause = bool(causes)
-        if a1 < LOW_ACCEPTANCE or (not cost_cause and model[bm]["speedup"] < 1.0):
-            causes.append({"cause": "low_acceptance", "message":
-                           f"acceptance too low: {a1:.0%} of first drafts accepted, {won:.2f} tokens won per step "
-                           f"at K={k}, against a step overhead of {overhead:.2f} target tokens"
-                           + (f"; the drafter proposed nothing in {1 - cov1:.0%} of steps" if cov1 < 0.9 else "")})
-        if not causes:
-            causes.append({"cause": "overhead", "message":
-                           f"per-step overhead outside the cost model (host syncs, sampling, cache rollback, "
-                           f"prefill) eats the gain: predicted {model[bm]['speedup']:.2f}x at K={k}, measured "
-                           f"{sp:.2f}x"})
-        lines += [f"why: {c['message']}" for c in causes]
-    else:
-        lines += [f"note: {c['message']}" for c in causes]
-    out["causes"] = causes
-    out["verdict"] = lines
-    return out
+        r = draft_ms_per_token[bm] / target_ms if target_ms > 0 else math.inf
+        overhead = best.k * r + (ratios[bm] - 1.0)  # extra cost of a step over one target token, in target tokens
+        cov1 = coverage[bm][0] if coverage and coverage[bm] and coverage[bm][0] is not None else 1.0
+        causes += _loss_causes(best.k, a1, won, overhead, cov1, model[bm].speedup, c.ratio, bool(causes))
+    lines += [Verdict(Kind.NOTE, f"note: {x.message}") if pays else Verdict(Kind.CAUSE, f"why: {x.message}")
+              for x in causes]
+    return Diagnosis(best, pred, pays, model, slope, verify_kind(slope), causes, lines)
 
 
 # ----------------------------------------------------------------------------- measurements
-
-
-def step_rooms(accepted: Sequence[int], k: int, limit: int) -> list[int]:
-    """How many drafts the engine allowed at each step: min(K, limit - emitted - 1), emitted
-    reconstructed as sum(accepted + 1) of the earlier steps (exact but for a final step cut by
-    end-of-sequence, which ends the run anyway)."""
-    rooms, emitted = [], 0
-    for a in accepted:
-        rooms.append(max(0, min(k, limit - emitted - 1)))
-        emitted += a + 1
-    return rooms
 
 
 def position_acceptance(accepted: Sequence[int], drafted: Sequence[int], rooms: Sequence[int],
@@ -301,6 +395,7 @@ def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = VERI
     """ms of one target forward over n tokens, for each n in ``sizes``, on a cache holding the
     prefilled ``prompt``; trimmed back after every pass. Two untimed passes per size first; then
     ``reps`` rounds over all sizes, the order rotating to spread drift. {n: [ms, ...]}."""
+    from mlxspec.core.cache import rewind
     from mlxspec.core.prefill import prefill
 
     cache = model.make_cache()
@@ -312,8 +407,7 @@ def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = VERI
         t0 = time.perf_counter()
         mx.eval(model(toks[n], cache))
         dt = (time.perf_counter() - t0) * 1e3
-        for c in cache:
-            c.trim(n)
+        rewind(cache, n)
         return dt
 
     for n in sizes:
@@ -334,15 +428,326 @@ def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _spread(xs: Sequence[float]) -> dict[str, float | None]:
-    return {"median": _median(xs), "min": min(xs) if xs else None, "max": max(xs) if xs else None}
+# ----------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One timed run of the sweep (k = 0: target-only), with its ratio to the target-only run
+    of the same prompt and repeat and, greedy only, where its tokens first differ from it."""
+
+    k: int
+    prompt_id: Any
+    category: str
+    repeat: int
+    run: Run
+    ratio: float | None = None
+    first_mismatch: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.run
+        return {"k": self.k, "prompt_id": self.prompt_id, "category": self.category, "repeat": self.repeat,
+                "tps": r.tps, "decode_tps": r.decode_tps, "generated_tokens": r.generated_tokens,
+                "prompt_tokens": r.prompt_tokens, "steps": r.steps, "stop_reason": r.stop_reason, "total_s": r.total_s}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    tps: float
+    tps_min: float
+    tps_max: float
+    decode_tps: float | None
+    ms_per_token: float | None
+    runs: int
+
+
+@dataclass(frozen=True)
+class KRow:
+    """Everything measured at one K, then the cost model's prediction and the verdict's marks."""
+
+    k: int
+    runs: int
+    tps: float
+    tps_min: float
+    tps_max: float
+    decode_tps: float | None
+    comparison: Comparison  # median paired speedup over target-only, with its interval
+    speedup_min: float | None
+    speedup_max: float | None
+    acceptance: list[float | None]
+    acceptance_cumulative: list[float | None]
+    draft_coverage: list[float | None]
+    mean_accepted: float | None
+    tokens_per_step: float
+    mean_drafted: float | None
+    draft_ms_per_token: float
+    draft_ms_per_step: float | None
+    verify_ms_per_step: float | None
+    verify_ms: float
+    verify_ratio: float
+    greedy_identical: bool | None
+    greedy_mismatches: list[Any]
+    prediction: Prediction | None = None
+    is_optimum: bool = False
+    indistinguishable: bool = False  # from the optimum
+
+    @property
+    def speedup(self) -> float | None:
+        return self.comparison.ratio
+
+    @property
+    def predicted_tps(self) -> float | None:
+        return self.prediction and self.prediction.tps
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        return self.prediction and self.prediction.speedup
+
+    def to_json(self) -> dict[str, Any]:
+        iv = self.comparison.interval
+        return {**{f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("comparison", "prediction")},
+                "speedup": self.speedup, "verdict": self.comparison.kind.value,
+                "interval": None if iv is None else iv.to_json(),
+                "expected_tokens": self.prediction and self.prediction.expected_tokens,
+                "predicted_tps": self.predicted_tps, "predicted_speedup": self.predicted_speedup}
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    k: int
+    tokens: int
+    ms: float
+    ratio: float
+    ms_all: list[float]
+
+
+@dataclass(frozen=True)
+class Verification:
+    target_ms: float
+    target_ms_all: list[float]
+    context_tokens: int
+    per_k: list[VerifyCost]
+    slope: float
+    kind: str
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    ks: list[int]
+    draft: str
+    temperature: float
+    top_p: float
+    categories: list[str]
+    per_category: int | None
+    prompts_file: str | None
+    max_tokens: int
+    warmup: int
+    warmup_tokens: int
+    repeats: int
+    seed: int
+    verify_reps: int
+    headline: str = "end-to-end tokens/s = generated tokens / (prefill_s + decode_s), median over runs"
+    speedup: str = ("median over (prompt, repeat) pairs of K tokens/s / target-only tokens/s, with a bootstrap 95% "
+                    "interval over the pairs")
+    acceptance: str = ("conditional per position: P(draft i accepted | drafts before it accepted); a position the "
+                       "drafter left empty counts as rejected")
+    cost_model: str = ("E(K) = 1 + sum_j prod_{i<=j} a_i; T(K) = K*draft_ms_per_token + verify_ms(K); predicted tps = "
+                       "E/T; target-only = 1/verification.target_ms")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    header: RunHeader
+    settings: SweepSettings
+    note: str | None
+    prompts: list[dict[str, Any]]
+    baseline: Baseline
+    rows: list[KRow]
+    verification: Verification
+    diagnosis: Diagnosis
+    verdict: list[Verdict]
+    runs: list[SweepRun]
+
+    @property
+    def optimum_measured(self) -> Optimum | None:
+        return self.diagnosis.optimum_measured
+
+    @property
+    def optimum_predicted(self) -> Optimum | None:
+        return self.diagnosis.optimum_predicted
+
+    @property
+    def pays(self) -> bool:
+        return self.diagnosis.pays
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.diagnosis
+        om, op = d.optimum_measured, d.optimum_predicted
+        return {
+            "schema": SCHEMA, **self.header.to_json(), "settings": asdict(self.settings), "note": self.note,
+            "prompts": self.prompts, "baseline": asdict(self.baseline), "rows": [r.to_json() for r in self.rows],
+            "verification": asdict(self.verification),
+            "optimum_measured": om and om.to_json(),
+            "optimum_predicted": op and {"k": op.k, "tps": op.tps, "speedup": op.speedup},
+            "pays": d.pays, "causes": [asdict(c) for c in d.causes], "verdict": [v.to_json() for v in self.verdict],
+            "runs": [r.to_json() for r in self.runs],
+        }
+
+
+# ----------------------------------------------------------------------------- summary of the runs
+
+
+def baseline_of(runs: Sequence[SweepRun]) -> Baseline:
+    tps = [x.run.tps for x in runs]
+    return Baseline(statistics.median(tps), min(tps), max(tps),
+                    _median([x.run.decode_tps for x in runs if x.run.decode_tps is not None]),
+                    _median([v for x in runs for v in x.run.verify_ms]), len(runs))
+
+
+def k_row(k: int, runs: Sequence[SweepRun], verify_ms_all: Sequence[float], target_ms: float,
+          greedy: bool) -> KRow:
+    """What the runs of one K measured: speed, paired speedup, acceptance, costs."""
+    rs = [x.run for x in runs]
+    acc_l = [a for r in rs for a in r.accepted]
+    dft_l = [d for r in rs for d in r.drafted]
+    room_l = [rm for r in rs for rm in r.rooms]
+    acc, cov = position_acceptance(acc_l, dft_l, room_l, k)
+    full = [a for a, rm in zip(acc_l, room_l) if rm == k]
+    dms = [v for r in rs for v in r.draft_ms]
+    ratios = [x.ratio for x in runs if x.ratio is not None]
+    tps = [r.tps for r in rs]
+    mism = [x.prompt_id for x in runs if x.first_mismatch is not None]
+    vms = statistics.median(verify_ms_all)
+    return KRow(
+        k=k, runs=len(rs), tps=statistics.median(tps), tps_min=min(tps), tps_max=max(tps),
+        decode_tps=_median([r.decode_tps for r in rs if r.decode_tps is not None]), comparison=median_ratio(ratios),
+        speedup_min=min(ratios, default=None), speedup_max=max(ratios, default=None), acceptance=acc,
+        acceptance_cumulative=acceptance_by_position(acc_l, dft_l, k), draft_coverage=cov,
+        mean_accepted=sum(full) / len(full) if full else (sum(acc_l) / len(acc_l) if acc_l else None),
+        tokens_per_step=sum(r.generated_tokens for r in rs) / max(1, sum(r.steps for r in rs)),
+        mean_drafted=sum(dft_l) / len(dft_l) if dft_l else None, draft_ms_per_token=sum(dms) / max(1, sum(dft_l)),
+        draft_ms_per_step=_median(dms), verify_ms_per_step=_median([v for r in rs for v in r.verify_ms]),
+        verify_ms=vms, verify_ratio=vms / target_ms, greedy_identical=(not mism) if greedy else None,
+        greedy_mismatches=mism,
+    )
+
+
+def _paired_tps(ks: Sequence[int], runs_by: dict[int, list[SweepRun]]) -> list[list[float]]:
+    """Per K, tokens/s of each (prompt, repeat) that every K ran, in one order."""
+    keys = [(x.prompt_id, x.repeat) for x in runs_by[ks[0]]]
+    of = {k: {(x.prompt_id, x.repeat): x.run.tps for x in runs_by[k]} for k in ks}
+    keys = [key for key in keys if all(key in of[k] for k in ks)]
+    return [[of[k][key] for key in keys] for k in ks]
+
+
+def _extra_verdicts(rows: Sequence[KRow], best: int | None, headline: Kind) -> list[Verdict]:
+    """A best K that wins on some prompts and loses on others; greedy outputs that differ."""
+    out = []
+    top = next((x for x in rows if x.k == best), None)
+    if (top and headline is not Kind.SAME and top.speedup_min is not None
+            and top.speedup_min < 1.0 <= top.speedup_max and top.runs > 1):
+        out.append(Verdict(Kind.NOTE, f"note: per prompt the speedup at K={best} ranges {top.speedup_min:.2f}x-"
+                                      f"{top.speedup_max:.2f}x: it pays on some prompts and loses on others"))
+    bad = [f"K={x.k} (prompts {', '.join(map(str, x.greedy_mismatches))})" for x in rows if x.greedy_mismatches]
+    if bad:
+        out.append(Verdict(Kind.BUG, "BUG: greedy speculative output differs from target-only at " + "; ".join(bad)))
+    return out
+
+
+def _verification(ks: Sequence[int], vt: dict[int, list[float]], target_ms: float, context_tokens: int,
+                  d: Diagnosis) -> Verification:
+    per_k = [VerifyCost(k, k + 1, statistics.median(vt[k + 1]), statistics.median(vt[k + 1]) / target_ms, vt[k + 1])
+             for k in ks]
+    return Verification(target_ms, vt[1], context_tokens, per_k, d.verify_slope, d.verify_kind)
+
+
+def summarise(ks: Sequence[int], runs_by: dict[int, list[SweepRun]], verify_times: dict[int, list[float]],
+              context_tokens: int, header: RunHeader, settings: SweepSettings, note: str | None,
+              prompts: list[dict[str, Any]]) -> SweepResult:
+    """The sweep's result from its timed runs (``runs_by[0]``: target-only) and verify times
+    ({tokens in the pass: [ms]}). Pure: the demo and the tests feed it scripted runs."""
+    target_ms = statistics.median(verify_times[1])
+    baseline = baseline_of(runs_by[0])
+    rows = [k_row(k, runs_by[k], verify_times[k + 1], target_ms, settings.temperature == 0) for k in ks]
+    d = diagnose(ks, [x.tps for x in rows], [x.comparison for x in rows], [x.acceptance for x in rows],
+                 [x.draft_ms_per_token for x in rows], [x.verify_ms for x in rows], target_ms, baseline.tps,
+                 coverage=[x.draft_coverage for x in rows], paired_tps=_paired_tps(ks, runs_by))
+    om = d.optimum_measured
+    best = om.k if om else None
+    rows = [replace(x, prediction=p, is_optimum=x.k == best, indistinguishable=bool(om and x.k in om.indistinguishable))
+            for x, p in zip(rows, d.predicted)]
+    verdict = list(d.verdict) + _extra_verdicts(rows, best, d.verdict[0].kind)
+    return SweepResult(header, settings, note, prompts, baseline, rows,
+                       _verification(ks, verify_times, target_ms, context_tokens, d), d, verdict,
+                       [x for m in [0, *ks] for x in runs_by[m]])
 
 
 # ----------------------------------------------------------------------------- the sweep
 
 
+def _check_sweep_args(ks: Sequence[int] | str, max_tokens: int, warmup: int, repeats: int,
+                      verify_reps: int) -> list[int]:
+    if isinstance(ks, str):
+        ks = parse_ks(ks)
+    ks = sorted({int(k) for k in ks})
+    if not ks:
+        raise MlxspecError("no K values to sweep")
+    for k in ks:
+        _check_k(k, ",".join(map(str, ks)))
+    if max_tokens < 2:
+        raise MlxspecError(f"max_tokens must be >= 2 to time decoding, got {max_tokens}")
+    if repeats < 1 or warmup < 0:
+        raise MlxspecError("repeats must be >= 1 and warmup >= 0")
+    if verify_reps < 1:
+        raise MlxspecError(f"verify_reps must be >= 1, got {verify_reps}")
+    return ks
+
+
+def _label(m: int) -> str:
+    return "target-only" if m == 0 else f"K={m}"
+
+
+def _sweep_round(run: Callable[[int, list[int]], Run], methods: list[int], rot: int, it: dict[str, Any],
+                 p: list[int], r: int, greedy: bool, report: Callable[[int, Run], None]) -> dict[int, SweepRun]:
+    """Every method once on one prompt, the order rotated by ``rot``; ratios to target-only."""
+    got: dict[int, Run] = {}
+    for m in methods[rot:] + methods[:rot]:
+        got[m] = run(m, p)
+        report(m, got[m])
+    base = got[0]
+    return {m: SweepRun(m, it["id"], it["category"], r, x,
+                        ratio=(x.tps / base.tps if base.tps > 0 else None) if m else None,
+                        first_mismatch=first_mismatch(base.tokens, x.tokens) if m and greedy else None)
+            for m, x in got.items()}
+
+
+def _time_sweep_runs(run: Callable[[int, list[int]], Run], methods: list[int], items: list[dict[str, Any]],
+                     ids: list[list[int]], repeats: int, greedy: bool, tick: Callable[[str], None],
+                     on_run: Callable[[dict[str, Any]], Any] | None) -> dict[int, list[SweepRun]]:
+    """Every (repeat, prompt) round, the method order rotating round by round to spread drift."""
+    runs_by: dict[int, list[SweepRun]] = {m: [] for m in methods}
+    done = {m: 0 for m in methods}
+    rnd = 0
+    for r in range(repeats):
+        for it, p in zip(items, ids):
+
+            def report(m: int, x: Run, it: dict[str, Any] = it, r: int = r) -> None:
+                done[m] += 1
+                if on_run is not None:
+                    on_run({"k": m, "prompt_id": it["id"], "category": it["category"], "repeat": r, "tps": x.tps,
+                            "accepted": list(x.accepted), "drafted": list(x.drafted), "done": done[m],
+                            "of": repeats * len(items)})
+                tick(f"{_label(m)} · {it['category']} #{it['id']} · repeat {r + 1}/{repeats}")
+
+            got = _sweep_round(run, methods, rnd % len(methods), it, p, r, greedy, report)
+            rnd += 1
+            for m in methods:
+                runs_by[m].append(got[m])
+    return runs_by
+
+
 def run_sweep(
-    ks: Sequence[int],
+    ks: Sequence[int] | str,
     model_spec: Any = "default",
     draft: str = "ngram:3",
     temp: float = 0.0,
@@ -358,40 +763,28 @@ def run_sweep(
     progress: Callable[[int, int, str], Any] | None = None,
     verify_reps: int = VERIFY_REPS,
     on_run: Callable[[dict[str, Any]], Any] | None = None,
-) -> dict[str, Any]:
+) -> SweepResult:
     """Sweep K for ``draft`` on ``model_spec`` (a ``loading.load`` spec or a loaded model).
 
-    Prompts: ``bench.spec_bench_prompts(categories, per_category, prompts_file)`` (default: the
+    Prompts: ``runs.spec_bench_prompts(categories, per_category, prompts_file)`` (default: the
     first question of each of the six Spec-Bench subtasks). ``progress(done, total, label)``.
     ``on_run(run)`` after every timed run, for live displays: plain values {k (0 = target-only),
     prompt_id, category, repeat, tps, accepted, drafted (per step), done, of (runs of this K)}.
-    Result (JSON-serialisable): date, machine, backend, blas, mlx_version, mlx_lm_version,
+    JSON keys (``to_json``): schema, date, machine, backend, blas, mlx_version, mlx_lm_version,
     model, dtype, settings, note, prompts, baseline{tps, tps_min, tps_max, decode_tps,
-    ms_per_token, runs}, rows[per K: k, tps, tps_min, tps_max, decode_tps, speedup,
-    speedup_min, speedup_max, acceptance, acceptance_cumulative, draft_coverage, mean_accepted,
-    tokens_per_step, mean_drafted, draft_ms_per_token, draft_ms_per_step, verify_ms_per_step,
-    verify_ms, verify_ratio, expected_tokens, predicted_tps, predicted_speedup,
-    greedy_identical, is_optimum], verification{target_ms, per_k[{k, tokens, ms, ratio,
-    ms_all}], slope, kind}, optimum_measured{k, tps, speedup}, optimum_predicted{k, tps,
-    speedup}, pays, causes[{cause, message}], verdict[str], runs[compact per-run rows].
+    ms_per_token, runs}, rows[per K: k, tps, tps_min, tps_max, decode_tps, speedup, verdict,
+    interval, speedup_min, speedup_max, acceptance, acceptance_cumulative, draft_coverage,
+    mean_accepted, tokens_per_step, mean_drafted, draft_ms_per_token, draft_ms_per_step,
+    verify_ms_per_step, verify_ms, verify_ratio, expected_tokens, predicted_tps,
+    predicted_speedup, greedy_identical, is_optimum, indistinguishable], verification{target_ms,
+    per_k[{k, tokens, ms, ratio, ms_all}], slope, kind}, optimum_measured{k, tps, speedup,
+    interval, indistinguishable}, optimum_predicted{k, tps, speedup}, pays, causes[{cause,
+    message}], verdict[{kind, text, interval}], runs[compact per-run rows].
     """
     from mlxspec.core.sampling import SamplingParams
 
-    if isinstance(ks, str):
-        ks = parse_ks(ks)
-    ks = sorted(set(int(k) for k in ks))
-    if not ks:
-        raise MlxspecError("no K values to sweep")
-    for k in ks:
-        _check_k(k, ",".join(map(str, ks)))
-    if max_tokens < 2:
-        raise MlxspecError(f"max_tokens must be >= 2 to time decoding, got {max_tokens}")
-    if repeats < 1 or warmup < 0:
-        raise MlxspecError("repeats must be >= 1 and warmup >= 0")
-    if verify_reps < 1:
-        raise MlxspecError(f"verify_reps must be >= 1, got {verify_reps}")
+    ks = _check_sweep_args(ks, max_tokens, warmup, repeats, verify_reps)
     params = SamplingParams(temperature=float(temp), top_p=float(top_p))
-
     items, note = spec_bench_prompts(list(categories) if categories else None, per_category, prompts_file)
     lm, drafter, stop, ids = prepare_speculative_run(
         model_spec, draft, dtype, items, max_tokens,
@@ -399,216 +792,84 @@ def run_sweep(
 
     methods: list[int] = [0] + ks  # 0 = target-only
     sizes = sorted({1} | {k + 1 for k in ks})
-    total = warmup * len(methods) + verify_reps + repeats * len(items) * len(methods)
-    done = 0
+    tick = progress_ticker(progress, warmup * len(methods) + verify_reps + repeats * len(items) * len(methods))
 
-    def tick(label: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, label)
-
-    def label(m: int) -> str:
-        return "target-only" if m == 0 else f"K={m}"
-
-    def run(m: int, p: list[int], n: int) -> dict[str, Any]:
-        return _mlxspec_run("target" if m == 0 else "spec", lm, p, params, n, stop, seed,
-                            drafter if m else None, m or 1)
+    def run(m: int, p: list[int], n: int = max_tokens) -> Run:
+        return engine_run(lm, p, params, n, stop, seed, drafter if m else None, m or 1)
 
     for w in range(warmup):
         for m in methods:
             run(m, ids[0], min(max_tokens, WARMUP_TOKENS))
-            tick(f"warm-up {w + 1}/{warmup} · {label(m)}")
-
+            tick(f"warm-up {w + 1}/{warmup} · {_label(m)}")
     vt = time_verify(lm.model, ids[0], sizes, verify_reps,
                      progress=lambda r: tick(f"verify cost · {r}/{verify_reps} rounds over {len(sizes)} sizes"))
-
-    rows_by: dict[int, list[dict[str, Any]]] = {m: [] for m in methods}
-    pair = 0
-    for r in range(repeats):
-        for it, p in zip(items, ids):
-            rot = pair % len(methods)
-            pair += 1
-            got = {}
-            for m in methods[rot:] + methods[:rot]:
-                row = run(m, p, max_tokens)
-                row.update(k=m, prompt_id=it["id"], category=it["category"], repeat=r,
-                           limit=min(max_tokens, lm.context_length - len(p)))
-                got[m] = row
-                rows_by[m].append(row)
-                if on_run is not None:
-                    on_run({"k": m, "prompt_id": it["id"], "category": it["category"], "repeat": r,
-                            "tps": row["tps"], "accepted": list(row["accepted"]), "drafted": list(row["drafted"]),
-                            "done": len(rows_by[m]), "of": repeats * len(items)})
-                tick(f"{label(m)} · {it['category']} #{it['id']} · repeat {r + 1}/{repeats}")
-            for m in ks:
-                got[m]["ratio"] = got[m]["tps"] / got[0]["tps"] if got[0]["tps"] > 0 else None
-                got[m]["first_mismatch"] = _first_mismatch(got[0]["tokens"], got[m]["tokens"]) if params.greedy else None
-
-    target_ms = statistics.median(vt[1])
-    base_rows = rows_by[0]
-    base_tps = [x["tps"] for x in base_rows]
-    baseline = {
-        **{f"tps{'' if k == 'median' else '_' + k}": v for k, v in _spread(base_tps).items()},
-        "decode_tps": _median([x["decode_tps"] for x in base_rows if x["decode_tps"] is not None]),
-        "ms_per_token": _median([v for x in base_rows for v in x["verify_ms"]]),
-        "runs": len(base_rows),
-    }
-
-    rows = []
-    for k in ks:
-        rs = rows_by[k]
-        acc_l = [a for x in rs for a in x["accepted"]]
-        dft_l = [d for x in rs for d in x["drafted"]]
-        room_l = [rm for x in rs for rm in step_rooms(x["accepted"], k, x["limit"])]
-        acc, cov = position_acceptance(acc_l, dft_l, room_l, k)
-        full = [a for a, rm in zip(acc_l, room_l) if rm == k]
-        dms = [v for x in rs for v in x["draft_ms"]]
-        ratios = [x["ratio"] for x in rs if x.get("ratio") is not None]
-        tps = [x["tps"] for x in rs]
-        mism = [x["prompt_id"] for x in rs if x.get("first_mismatch") is not None]
-        vms = statistics.median(vt[k + 1])
-        rows.append({
-            "k": k,
-            "runs": len(rs),
-            "tps": _median(tps), "tps_min": min(tps), "tps_max": max(tps),
-            "decode_tps": _median([x["decode_tps"] for x in rs if x["decode_tps"] is not None]),
-            "speedup": _median(ratios), "speedup_min": min(ratios, default=None),
-            "speedup_max": max(ratios, default=None),
-            "acceptance": acc,
-            "acceptance_cumulative": acceptance_by_position(acc_l, dft_l, k),
-            "draft_coverage": cov,
-            "mean_accepted": sum(full) / len(full) if full else (sum(acc_l) / len(acc_l) if acc_l else None),
-            "tokens_per_step": sum(x["generated_tokens"] for x in rs) / max(1, sum(x["steps"] for x in rs)),
-            "mean_drafted": sum(dft_l) / len(dft_l) if dft_l else None,
-            "draft_ms_per_token": sum(dms) / max(1, sum(dft_l)),
-            "draft_ms_per_step": _median(dms),
-            "verify_ms_per_step": _median([v for x in rs for v in x["verify_ms"]]),
-            "verify_ms": vms,
-            "verify_ratio": vms / target_ms,
-            "greedy_identical": (not mism) if params.greedy else None,
-            "greedy_mismatches": mism,
-        })
-
-    d = diagnose(ks, [x["tps"] for x in rows], [x["speedup"] for x in rows], [x["acceptance"] for x in rows],
-                 [x["draft_ms_per_token"] for x in rows], [x["verify_ms"] for x in rows], target_ms,
-                 baseline["tps"], coverage=[x["draft_coverage"] for x in rows])
-    best = d["optimum_measured"]["k"] if d["optimum_measured"] else None
-    for row, pm in zip(rows, d["predicted"]):
-        row.update(expected_tokens=pm["expected_tokens"], predicted_tps=pm["tps"],
-                   predicted_speedup=pm["speedup"], is_optimum=row["k"] == best)
-    verdict = list(d["verdict"])
-    top = next((x for x in rows if x["k"] == best), None)
-    if top and top["speedup_min"] is not None and top["speedup_min"] < 1.0 <= top["speedup_max"] and top["runs"] > 1:
-        verdict.append(f"note: per prompt the speedup at K={best} ranges {top['speedup_min']:.2f}x-"
-                       f"{top['speedup_max']:.2f}x: it pays on some prompts and loses on others (more "
-                       f"prompts or --repeats narrow the median)")
-    bad = [f"K={x['k']} (prompts {', '.join(map(str, x['greedy_mismatches']))})" for x in rows if x["greedy_mismatches"]]
-    if bad:
-        verdict.append("BUG: greedy speculative output differs from target-only at " + "; ".join(bad))
-
-    return {
-        **run_header(lm),
-        "settings": {
-            "ks": ks, "draft": draft, "temperature": float(temp), "top_p": float(top_p),
-            "categories": list(dict.fromkeys(it["category"] for it in items)),
-            "per_category": per_category if prompts_file is None else None,
-            "prompts_file": str(prompts_file) if prompts_file is not None else None,
-            "max_tokens": max_tokens, "warmup": warmup, "warmup_tokens": min(max_tokens, WARMUP_TOKENS),
-            "repeats": repeats, "seed": seed, "verify_reps": verify_reps,
-            "headline": "end-to-end tokens/s = generated tokens / (prefill_s + decode_s), median over runs",
-            "speedup": "median over (prompt, repeat) pairs of K tokens/s / target-only tokens/s",
-            "acceptance": "conditional per position: P(draft i accepted | drafts before it accepted); "
-                          "a position the drafter left empty counts as rejected",
-            "cost_model": "E(K) = 1 + sum_j prod_{i<=j} a_i; T(K) = K*draft_ms_per_token + verify_ms(K); "
-                          "predicted tps = E/T; target-only = 1/verification.target_ms",
-        },
-        "note": note,
-        "prompts": [{"id": it["id"], "category": it["category"], "prompt_tokens": len(p)}
-                    for it, p in zip(items, ids)],
-        "baseline": baseline,
-        "rows": rows,
-        "verification": {
-            "target_ms": target_ms,
-            "target_ms_all": vt[1],
-            "context_tokens": len(ids[0]),
-            "per_k": [{"k": k, "tokens": k + 1, "ms": statistics.median(vt[k + 1]),
-                       "ratio": statistics.median(vt[k + 1]) / target_ms, "ms_all": vt[k + 1]} for k in ks],
-            "slope": d["verify_slope"],
-            "kind": d["verify_kind"],
-        },
-        "optimum_measured": d["optimum_measured"],
-        "optimum_predicted": d["optimum_predicted"],
-        "pays": d["pays"],
-        "causes": d["causes"],
-        "verdict": verdict,
-        "runs": [{"k": x["k"], "prompt_id": x["prompt_id"], "category": x["category"], "repeat": x["repeat"],
-                  "tps": x["tps"], "decode_tps": x["decode_tps"], "generated_tokens": x["generated_tokens"],
-                  "prompt_tokens": x["prompt_tokens"], "steps": x["steps"], "stop_reason": x["stop_reason"],
-                  "total_s": x["total_s"]} for m in methods for x in rows_by[m]],
-    }
+    runs_by = _time_sweep_runs(run, methods, items, ids, repeats, params.greedy, tick, on_run)
+    settings = SweepSettings(ks, draft, float(temp), float(top_p), list(dict.fromkeys(it["category"] for it in items)),
+                             per_category if prompts_file is None else None,
+                             str(prompts_file) if prompts_file is not None else None, max_tokens, warmup,
+                             min(max_tokens, WARMUP_TOKENS), repeats, seed, verify_reps)
+    return summarise(ks, runs_by, vt, len(ids[0]), run_header(lm), settings, note, prepared_prompts(items, ids))
 
 
 # ----------------------------------------------------------------------------- output
 
 
-def print_sweep(result: dict[str, Any], console) -> None:
-    """A rich table (target-only, then one row per K, the optimum starred), the verification
-    parallelism and the verdict."""
+def _speedup_cell(row: KRow) -> str:
+    sp = fmt(row.speedup, "{:.2f}x")
+    return markup(row.comparison.kind, sp) if row.comparison.kind in (Kind.FASTER, Kind.SLOWER) else sp
+
+
+def _k_cell(row: KRow) -> str:
+    return f"{row.k} ★" if row.is_optimum else f"{row.k} ≈" if row.indistinguishable else str(row.k)
+
+
+def _sweep_table(result: SweepResult):
     from rich.table import Table
 
-    s, b, v = result["settings"], result["baseline"], result["verification"]
-    temp = "greedy" if s["temperature"] == 0 else f"T={s['temperature']:g}, top-p={s['top_p']:g}"
+    s, b, v, h = result.settings, result.baseline, result.verification, result.header
+    temp = "greedy" if s.temperature == 0 else f"T={s.temperature:g}, top-p={s.top_p:g}"
     table = Table(
-        title=f"K sweep: {result['model']} ({result['dtype']}) + {s['draft']}, {temp} — {result['backend']}",
-        caption=(f"{len(result['prompts'])} prompts x {s['repeats']} repeat(s), {s['max_tokens']} new tokens max, "
-                 f"{s['warmup']} warm-up; tok/s end-to-end, median \\[min-max] over runs; speedup: median per prompt; "
+        title=f"K sweep: {h.model} ({h.dtype}) + {s.draft}, {temp} — {h.backend}",
+        caption=(f"{len(result.prompts)} prompts x {s.repeats} repeat(s), {s.max_tokens} new tokens max, "
+                 f"{s.warmup} warm-up; tok/s end-to-end, median \\[min-max] over runs; speedup: median per prompt, "
+                 f"95% interval: bootstrap over (prompt, repeat) pairs; ★ best K, ≈ indistinguishable from it; "
                  f"acc: conditional acceptance by draft position; verify x1: one target pass over K+1 tokens / "
-                 f"one token (median of {s['verify_reps']}); pred: cost model"),
+                 f"one token (median of {s.verify_reps}); pred: cost model"),
     )
     for col, just in (("K", "right"), ("tok/s", "right"), ("min-max", "right"), ("speedup", "right"),
-                      ("acc by position", "left"), ("accepted/step", "right"), ("draft ms/tok", "right"),
-                      ("verify ms/step", "right"), ("verify x1", "right"), ("pred tok/s", "right"),
-                      ("pred speedup", "right")):
+                      ("95% interval", "right"), ("acc by position", "left"), ("accepted/step", "right"),
+                      ("draft ms/tok", "right"), ("verify ms/step", "right"), ("verify x1", "right"),
+                      ("pred tok/s", "right"), ("pred speedup", "right")):
         table.add_column(col, justify=just)
-    table.add_row("target", _f(b["tps"]), f"{_f(b['tps_min'])}-{_f(b['tps_max'])}", "1.00x", "", "", "",
-                  _f(b["ms_per_token"], "{:.1f}"), "1.00x", _f(1e3 / v["target_ms"] if v["target_ms"] else None),
+    table.add_row("target", fmt(b.tps), f"{fmt(b.tps_min)}-{fmt(b.tps_max)}", "1.00x", "", "", "", "",
+                  fmt(b.ms_per_token, "{:.1f}"), "1.00x", fmt(1e3 / v.target_ms if v.target_ms else None),
                   "1.00x", style="dim", end_section=True)
-    best_p = (result.get("optimum_predicted") or {}).get("k")
-    for row in result["rows"]:
-        sp = _f(row["speedup"], "{:.2f}x")
-        if row["speedup"] is not None and row["speedup"] < 1:
-            sp = f"[red]{sp}[/]"
-        pred = _f(row["predicted_tps"])
-        if row["k"] == best_p:
-            pred += " ◆"
+    best_p = result.optimum_predicted.k if result.optimum_predicted else None
+    for row in result.rows:
+        iv = row.comparison.interval
         table.add_row(
-            f"{row['k']} ★" if row["is_optimum"] else str(row["k"]),
-            _f(row["tps"]), f"{_f(row['tps_min'])}-{_f(row['tps_max'])}", sp, _acc(row["acceptance"]),
-            _f(row["mean_accepted"], "{:.2f}"), _f(row["draft_ms_per_token"], "{:.2f}"),
-            _f(row["verify_ms_per_step"]), _f(row["verify_ratio"], "{:.2f}x"), pred,
-            _f(row["predicted_speedup"], "{:.2f}x"),
-            style="bold green" if row["is_optimum"] and result["pays"] else "bold" if row["is_optimum"] else None,
+            _k_cell(row), fmt(row.tps), f"{fmt(row.tps_min)}-{fmt(row.tps_max)}", _speedup_cell(row),
+            "-" if iv is None else str(iv), fmt_list(row.acceptance), fmt(row.mean_accepted, "{:.2f}"),
+            fmt(row.draft_ms_per_token, "{:.2f}"), fmt(row.verify_ms_per_step), fmt(row.verify_ratio, "{:.2f}x"),
+            fmt(row.predicted_tps) + (" ◆" if row.k == best_p else ""), fmt(row.predicted_speedup, "{:.2f}x"),
+            style="bold green" if row.is_optimum and result.pays else "bold" if row.is_optimum else None,
         )
-    console.print(table)
-    per = ", ".join(f"K+1={p['tokens']}: {p['ratio']:.2f}x" for p in v["per_k"])
-    console.print(f"verification parallelism: one target token {v['target_ms']:.1f} ms; {per} -> "
-                  f"[bold]{v['kind']}[/] (+{v['slope']:.2f} token-times per extra draft; flat = 0, serial = 1)",
+    return table
+
+
+def print_sweep(result: SweepResult, console) -> None:
+    """A rich table (target-only, then one row per K, the optimum starred), the verification
+    parallelism and the verdict, each line coloured by its kind."""
+    console.print(_sweep_table(result))
+    v = result.verification
+    per = ", ".join(f"K+1={p.tokens}: {p.ratio:.2f}x" for p in v.per_k)
+    console.print(f"verification parallelism: one target token {v.target_ms:.1f} ms; {per} -> "
+                  f"[bold]{v.kind}[/] (+{v.slope:.2f} token-times per extra draft; flat = 0, serial = 1)",
                   highlight=False)
-    if result.get("note"):
-        console.print(f"[yellow]note:[/] {result['note']}")
-    for i, line in enumerate(result["verdict"]):
-        if line.startswith("BUG") or (i == 0 and not result["pays"]):
-            style = "bold red"
-        elif i == 0:
-            style = "bold green"
-        elif line.startswith("why:"):
-            style = "red"
-        elif line.startswith("note:"):
-            style = "yellow"
-        else:
-            style = ""
-        console.print(f"[{style}]{line}[/]" if style else line, highlight=False)
+    if result.note:
+        console.print(f"[yellow]note:[/] {result.note}")
+    for line in result.verdict:
+        console.print(markup(line.kind, line.text), highlight=False)
 
 
 CSV_FIELDS = ("k", "tps", "tps_min", "tps_max", "decode_tps", "speedup", "speedup_min", "speedup_max",
@@ -617,25 +878,91 @@ CSV_FIELDS = ("k", "tps", "tps_min", "tps_max", "decode_tps", "speedup", "speedu
               "predicted_speedup", "is_optimum", "baseline_tps")
 
 
-def write_csv(result: dict[str, Any], path: str | Path) -> Path:
+def write_csv(result: SweepResult, path: str | Path) -> Path:
     """One row per K: the scalar columns ``CSV_FIELDS`` then acc_1..acc_maxK (conditional
     acceptance by position; empty beyond K or where no step reached it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    kmax = max((r["k"] for r in result["rows"]), default=0)
+    kmax = max((r.k for r in result.rows), default=0)
     acc_cols = [f"acc_{i + 1}" for i in range(kmax)]
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow([*CSV_FIELDS, *acc_cols])
-        for r in result["rows"]:
-            vals = {**r, "baseline_tps": result["baseline"]["tps"]}
-            acc = list(r["acceptance"]) + [None] * (kmax - len(r["acceptance"]))
+        for r in result.rows:
+            vals = {**r.to_json(), "baseline_tps": result.baseline.tps}
+            acc = list(r.acceptance) + [None] * (kmax - len(r.acceptance))
             w.writerow([("" if vals.get(c) is None else vals[c]) for c in CSV_FIELDS]
                        + ["" if a is None else a for a in acc])
     return path
 
 
-def plot_sweep(result: dict[str, Any], path: str | Path) -> Path:
+def _plot_throughput(ax, result: SweepResult) -> None:
+    rows, b = result.rows, result.baseline
+    ks = [r.k for r in rows]
+    ax.errorbar(ks, [r.tps for r in rows], yerr=[[r.tps - r.tps_min for r in rows], [r.tps_max - r.tps for r in rows]],
+                marker="o", capsize=3, color="tab:blue", label="speculative, measured (median, min-max over runs)")
+    ax.plot(ks, [r.predicted_tps for r in rows], "--", marker="s", markersize=4, color="tab:purple",
+            alpha=0.8, label="cost model prediction")
+    ax.axhline(b.tps, color="tab:gray", linestyle="-", linewidth=1.5, label=f"target-only ({b.tps:.1f} tok/s)")
+    ax.axhspan(b.tps_min, b.tps_max, color="tab:gray", alpha=0.12)
+    om, op = result.optimum_measured, result.optimum_predicted
+    if om:
+        ax.plot([om.k], [om.tps], marker="*", markersize=18, color="gold", markeredgecolor="black",
+                linestyle="none", label=f"measured optimum K={om.k} ({om.speedup:.2f}x)", zorder=5)
+    if op:
+        ax.plot([op.k], [op.tps], marker="D", markersize=8, color="none", markeredgecolor="tab:purple",
+                linestyle="none", label=f"predicted optimum K={op.k} ({op.speedup:.2f}x)", zorder=5)
+    ax.set_xlabel("K (draft tokens per step)")
+    ax.set_ylabel("tokens/s (end-to-end)")
+    ax.set_title("throughput")
+    ax.set_xticks(ks)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def _plot_acceptance(ax, result: SweepResult) -> None:
+    rows = result.rows
+    ks = [r.k for r in rows]
+    first = [r.acceptance[0] if r.acceptance and r.acceptance[0] is not None else float("nan") for r in rows]
+    ax.plot(ks, first, marker="o", color="tab:green", label="acceptance at position 1")
+    ax.plot(ks, [(r.mean_accepted or 0.0) / r.k for r in rows], marker="o", color="tab:olive",
+            label="accepted drafts / K")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("K")
+    ax.set_ylabel("acceptance rate")
+    ax.set_title("acceptance")
+    ax.set_xticks(ks)
+    ax.grid(alpha=0.3)
+    tw = ax.twinx()
+    tw.plot(ks, [r.mean_accepted or 0.0 for r in rows], marker="^", linestyle=":", color="tab:red",
+            label="mean accepted length")
+    tw.set_ylabel("accepted drafts per step", color="tab:red")
+    tw.set_ylim(0, max(1.0, 1.15 * max([r.mean_accepted or 0.0 for r in rows], default=0.0)))
+    if result.optimum_measured:
+        ax.axvline(result.optimum_measured.k, color="gold", linewidth=2, alpha=0.6)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = tw.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="best")
+
+
+def _plot_verification(ax, result: SweepResult) -> None:
+    v = result.verification
+    ks = [r.k for r in result.rows]
+    ax.plot(ks, [p.ratio for p in v.per_k], marker="o", color="tab:orange",
+            label="measured: pass over K+1 tokens / 1 token")
+    ax.plot(ks, [1.0] * len(ks), "--", color="tab:green", label="flat (batch-parallel)")
+    ax.plot(ks, [k + 1 for k in ks], "--", color="tab:red", label="linear (serial)")
+    ax.set_xlabel("K")
+    ax.set_ylabel("cost relative to one token")
+    ax.set_title(f"verification: {v.kind} (+{v.slope:.2f}/token)")
+    ax.set_xticks(ks)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def plot_sweep(result: SweepResult, path: str | Path) -> Path:
     """PNG, three panels against K: tokens/s (measured median with min-max bars, the cost model,
     target-only as a horizontal line, the optimum starred); acceptance (first position, mean
     over positions, accepted drafts per step); verify cost of K+1 tokens / one token against the
@@ -650,74 +977,13 @@ def plot_sweep(result: dict[str, Any], path: str | Path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows, s, b, v = result["rows"], result["settings"], result["baseline"], result["verification"]
-    ks = [r["k"] for r in rows]
+    s, h = result.settings, result.header
     fig = Figure(figsize=(15, 4.8), dpi=110, layout="constrained")
     ax1, ax2, ax3 = fig.subplots(1, 3)
-    temp = "greedy" if s["temperature"] == 0 else f"T={s['temperature']:g}"
-    fig.suptitle(f"K sweep: {result['model']} ({result['dtype']}) + {s['draft']}, {temp} — {result['backend']}",
-                 fontsize=11)
-
-    # 1. tokens/s
-    tps = [r["tps"] for r in rows]
-    lo = [r["tps"] - r["tps_min"] for r in rows]
-    hi = [r["tps_max"] - r["tps"] for r in rows]
-    ax1.errorbar(ks, tps, yerr=[lo, hi], marker="o", capsize=3, color="tab:blue",
-                 label="speculative, measured (median, min-max over runs)")
-    ax1.plot(ks, [r["predicted_tps"] for r in rows], "--", marker="s", markersize=4, color="tab:purple",
-             alpha=0.8, label="cost model prediction")
-    ax1.axhline(b["tps"], color="tab:gray", linestyle="-", linewidth=1.5, label=f"target-only ({b['tps']:.1f} tok/s)")
-    ax1.axhspan(b["tps_min"], b["tps_max"], color="tab:gray", alpha=0.12)
-    om, op = result.get("optimum_measured"), result.get("optimum_predicted")
-    if om:
-        ax1.plot([om["k"]], [om["tps"]], marker="*", markersize=18, color="gold", markeredgecolor="black",
-                 linestyle="none", label=f"measured optimum K={om['k']} ({om['speedup']:.2f}x)", zorder=5)
-    if op:
-        ax1.plot([op["k"]], [op["tps"]], marker="D", markersize=8, color="none", markeredgecolor="tab:purple",
-                 linestyle="none", label=f"predicted optimum K={op['k']} ({op['speedup']:.2f}x)", zorder=5)
-    ax1.set_xlabel("K (draft tokens per step)")
-    ax1.set_ylabel("tokens/s (end-to-end)")
-    ax1.set_title("throughput")
-    ax1.set_xticks(ks)
-    ax1.set_ylim(bottom=0)
-    ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8, loc="lower right")
-
-    # 2. acceptance
-    first = [r["acceptance"][0] if r["acceptance"] and r["acceptance"][0] is not None else float("nan") for r in rows]
-    mean_rate = [(r["mean_accepted"] or 0.0) / r["k"] for r in rows]
-    ax2.plot(ks, first, marker="o", color="tab:green", label="acceptance at position 1")
-    ax2.plot(ks, mean_rate, marker="o", color="tab:olive", label="accepted drafts / K")
-    ax2.set_ylim(0, 1.05)
-    ax2.set_xlabel("K")
-    ax2.set_ylabel("acceptance rate")
-    ax2.set_title("acceptance")
-    ax2.set_xticks(ks)
-    ax2.grid(alpha=0.3)
-    tw = ax2.twinx()
-    tw.plot(ks, [r["mean_accepted"] or 0.0 for r in rows], marker="^", linestyle=":", color="tab:red",
-            label="mean accepted length")
-    tw.set_ylabel("accepted drafts per step", color="tab:red")
-    top_len = max([r["mean_accepted"] or 0.0 for r in rows], default=0.0)
-    tw.set_ylim(0, max(1.0, 1.15 * top_len))
-    if om:
-        ax2.axvline(om["k"], color="gold", linewidth=2, alpha=0.6)
-    h1, l1 = ax2.get_legend_handles_labels()
-    h2, l2 = tw.get_legend_handles_labels()
-    ax2.legend(h1 + h2, l1 + l2, fontsize=8, loc="best")
-
-    # 3. verification parallelism
-    ratios = [p["ratio"] for p in v["per_k"]]
-    ax3.plot(ks, ratios, marker="o", color="tab:orange", label="measured: pass over K+1 tokens / 1 token")
-    ax3.plot(ks, [1.0] * len(ks), "--", color="tab:green", label="flat (batch-parallel)")
-    ax3.plot(ks, [k + 1 for k in ks], "--", color="tab:red", label="linear (serial)")
-    ax3.set_xlabel("K")
-    ax3.set_ylabel("cost relative to one token")
-    ax3.set_title(f"verification: {v['kind']} (+{v['slope']:.2f}/token)")
-    ax3.set_xticks(ks)
-    ax3.set_ylim(bottom=0)
-    ax3.grid(alpha=0.3)
-    ax3.legend(fontsize=8, loc="upper left")
-
+    temp = "greedy" if s.temperature == 0 else f"T={s.temperature:g}"
+    fig.suptitle(f"K sweep: {h.model} ({h.dtype}) + {s.draft}, {temp} — {h.backend}", fontsize=11)
+    _plot_throughput(ax1, result)
+    _plot_acceptance(ax2, result)
+    _plot_verification(ax3, result)
     fig.savefig(path, format="png")
     return path

@@ -6,10 +6,12 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxspec.core.drafters import Drafter, ModelDrafter, NgramDrafter
+from mlxspec.core.drafters.eagle import EagleDrafter
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
 from mlxspec.targets.loading import check_compatible, load
 from mlxspec.training.draft import find_draft, load_draft
+from mlxspec.training.eagle import find_head, load_head
 
 
 def draft_float_dtype(target) -> mx.Dtype:
@@ -22,7 +24,7 @@ DEFAULT_FALLBACK = "ngram:3"  # for targets the registry ships no draft for
 
 def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     """``default``, ``none``, ``ngram[:N]``, ``self:L``, a registry draft name, a trained
-    draft folder or a draft model path (``LoadedModel`` target)."""
+    draft or eagle-head folder, or a draft model path (``LoadedModel`` target)."""
     if spec in ("none", ""):
         return None
     if spec == "default":
@@ -42,6 +44,9 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     folder = find_draft(spec)
     if folder is not None:
         return ModelDrafter(load_draft(folder, target, draft_float_dtype(target)), spec)
+    head = find_head(spec)
+    if head is not None:
+        return EagleDrafter(load_head(head, target, draft_float_dtype(target)), spec)
     draft = load(spec, dtype)
     check_compatible(target.tokenizer, draft.tokenizer)
     return ModelDrafter(draft.model, draft.name)

@@ -110,7 +110,7 @@ def config_from_gguf(meta: dict[str, Any], has_output: bool) -> LlamaConfig:
     )
 
 
-def _quantize_like(model: nn.Module, weights: dict[str, mx.array]) -> None:
+def quantize_to_match(model: nn.Module, weights: dict[str, mx.array]) -> None:
     """Swap in quantized layers wherever ``weights`` holds a quantized triple, bits per tensor
     (the GGUF keeps 8-bit embeddings next to 4-bit blocks)."""
     def predicate(path: str, module: nn.Module):
@@ -126,7 +126,7 @@ def _build(cfg: LlamaConfig, weights: dict[str, mx.array], dtype: str) -> Llama:
     model = Llama(cfg)
     quantized = {k[: -len(".scales")] for k in weights if k.endswith(".scales")}
     if dtype == "quantized":
-        _quantize_like(model, weights)
+        quantize_to_match(model, weights)
     else:
         target = _DTYPES[dtype]
         dense = {}
@@ -257,7 +257,7 @@ def to_mlx_lm(model: Llama):
     )
     ref = llama.Model(args)
     params = dict(tree_flatten(model.parameters()))
-    _quantize_like(ref, params)
+    quantize_to_match(ref, params)
     ref.load_weights(list(params.items()), strict=True)
     return ref
 

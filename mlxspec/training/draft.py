@@ -91,7 +91,7 @@ class DraftConfig:
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 of the vocabulary (token -> id): what must match between draft and target."""
-    vocab = sorted(tokenizer._tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])  # the wrapper forwards it
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -125,6 +125,11 @@ class DraftModel(nn.Module):
     @property
     def vocab_ids(self) -> mx.array:
         return self._ids.value
+
+    @property
+    def embed(self) -> Callable[[mx.array], mx.array]:
+        """The target's embedding the draft reads (shared, so neither trained nor saved)."""
+        return self._embed.value
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import KVCache

@@ -283,7 +283,7 @@ def train(draft: DraftModel, data: DistillSet, cfg: TrainConfig, out: Path, targ
 
 
 def _grpo(draft, data, cfg, out, target, opt, step, history, progress, total, extra) -> list[StepLog]:
-    ref = DraftModel(draft.cfg, draft.vocab_ids, draft._embed.value)
+    ref = DraftModel(draft.cfg, draft.vocab_ids, draft.embed)
     ref.load_weights(list(tree_flatten(draft.parameters())))
     ref.freeze()
     mx.eval(ref.parameters())
@@ -346,7 +346,7 @@ def default_data_path(target_name: str, prompts: int, max_new: int, head_vocab: 
 def prepare_data(target, path: Path | None, prompts: int, max_new: int, head_vocab: int, seed: int,
                  progress: Callable[[str, int, int], None] | None = None) -> tuple[DistillSet, Path]:
     """Load the distillation set at ``path``, or build it there (generation + teacher pass)."""
-    from mlxspec.measure.bench import data_dir
+    from mlxspec.measure.runs import data_dir
     from mlxspec.training.distill import build, training_prompts
 
     if prompts < 1 or max_new < 1:

@@ -19,6 +19,7 @@ import asyncio
 import json
 import statistics
 import time
+from pathlib import Path
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.engine import generate
@@ -132,19 +133,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m tui.chat.overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=6, help="one headless and one app run each")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--draft", default="ngram:3")
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--draft", "-d", default="ngram:3")
+    ap.add_argument("--k", "-k", type=int, default=4)
     ap.add_argument("--terminal", action="store_true", help="draw to this terminal (run it in tmux)")
-    ap.add_argument("--json", help="also write the result here")
+    ap.add_argument("--out", type=Path, help="also write the result (JSON) here")
     a = ap.parse_args()
     t0 = time.perf_counter()
     r = measure(a.pairs, Settings(draft=a.draft, k=a.k, max_tokens=a.max_tokens), a.terminal)
     r["wall_s"] = round(time.perf_counter() - t0, 1)
     text = json.dumps(r, indent=2)
     print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
+    if a.out:
+        a.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """``mlxspec sweep --tui``: the K sweep, live.
 
-One worker thread runs the whole sweep (``mlxspec.sweep.run_sweep``: model loading, warm-up,
-verify timing, every run) and so owns all MLX state. It posts plain Python values: a progress
-tick, a summary of every timed run, the final result dict. The app draws a chart that fills in
+One worker thread runs the whole sweep (``mlxspec.measure.sweep.run_sweep``: model loading,
+warm-up, verify timing, every run) and so owns all MLX state. It posts plain Python values: a
+progress tick, a summary of every timed run, the final ``SweepResult`` record. The app draws a chart that fills in
 per K as runs arrive (median tokens/s against the target-only line, share of drafts accepted),
 marks the measured and predicted optima when the sweep ends, and shows the sweep's table and
 verdict beneath.
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.style import Style
@@ -39,14 +39,19 @@ from textual.widgets import Footer, Header, Label, ProgressBar, Static
 from textual.worker import get_current_worker
 
 from mlxspec.errors import MlxspecError
+from mlxspec.measure.runs import Run
+from mlxspec.measure.verdict import style
+
+if TYPE_CHECKING:
+    from mlxspec.measure.sweep import SweepResult, SweepRun
 
 from ..threads import wait_for_thread_exit
 
 Progress = Callable[[int, int, str], None]
 OnRun = Callable[[dict[str, Any]], None]
 # Runs a whole sweep in the worker thread, reporting through the two callbacks, and returns
-# ``run_sweep``'s result dict.
-SweepRunner = Callable[[Progress, OnRun], dict[str, Any]]
+# ``run_sweep``'s result.
+SweepRunner = Callable[[Progress, OnRun], "SweepResult"]
 
 # Mid-saturation hues, readable on dark and light backgrounds alike.
 TPS_STYLE = Style.parse("#3b82f6")
@@ -70,7 +75,7 @@ class RunMeasured(Message):
 
 
 class SweepFinished(Message):
-    def __init__(self, result: dict[str, Any]) -> None:
+    def __init__(self, result: SweepResult) -> None:
         self.result = result
         super().__init__()
 
@@ -141,74 +146,120 @@ def _bar(value: float, scale: float, width: int, style: Style, mark: int | None 
     return text
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Column widths and the tokens/s scale of one drawing of the chart."""
+
+    width: int
+    scale: float
+    mark: int | None  # the cell of the target-only line
+    name_w: int = 10
+    value_w: int = 22
+    acc_w: int = 28
+
+    @property
+    def bar_w(self) -> int:
+        return max(8, self.width - self.name_w - self.value_w - self.acc_w - 1)
+
+
+def _layout(width: int, values: Sequence[float], base_tps: float | None) -> _Layout:
+    scale = max(values) * 1.08 if values else 1.0
+    bar_w = _Layout(width, scale, None).bar_w
+    return _Layout(width, scale, min(bar_w - 1, round(base_tps / scale * bar_w)) if base_tps else None)
+
+
+def _chart_legend(lay: _Layout, measured: bool, ended: bool) -> Text:
+    out = Text()
+    out.append("tokens/s".ljust(lay.name_w + lay.bar_w), "bold")
+    out.append(" " * lay.value_w)
+    out.append("drafts accepted of K\n", "bold")
+    out.append(" " * lay.name_w)
+    out.append("│", BASE_STYLE)
+    out.append(" target-only" if measured else " target-only: not measured yet", EMPTY_STYLE)
+    out.append("   █", TPS_STYLE)
+    out.append(" speculative, median of runs so far", EMPTY_STYLE)
+    if ended:
+        out.append("   ★ best measured   ◆ best predicted by the cost model   ≈ indistinguishable from ★", EMPTY_STYLE)
+    out.append("\n")
+    return out
+
+
+@dataclass(frozen=True)
+class _Point:
+    """What one chart row shows: K (0 = target-only), tokens/s, speedup, accepted per step."""
+
+    k: int
+    tps: float | None
+    speedup: float | None = None
+    per_step: float | None = None
+    progress: str = ""  # "done/of" while the K is partly measured
+    name: str = ""
+    name_style: str = ""
+    value_style: str = ""
+
+
+def _chart_row(p: _Point, lay: _Layout) -> Text:
+    out = Text()
+    out.append(p.name.ljust(lay.name_w), p.name_style)
+    if p.tps is None:
+        out.append(_bar(0, lay.scale, lay.bar_w, TPS_STYLE, lay.mark))
+        out.append("  waiting\n", EMPTY_STYLE)
+        return out
+    out.append(_bar(p.tps, lay.scale, lay.bar_w, BASE_STYLE if p.k == 0 else TPS_STYLE, None if p.k == 0 else lay.mark))
+    value = f" {p.tps:5.1f} tok/s" + (f" {p.speedup:4.2f}x" if p.k and p.speedup is not None else "")
+    value += f" {p.progress}" if p.progress else ""
+    out.append(value.ljust(lay.value_w), "italic" if p.progress else p.value_style)
+    if p.k and p.per_step is not None:
+        acc = p.per_step / p.k
+        out.append(" ")
+        out.append(_bar(acc, 1.0, 10, ACC_STYLE, track="░"))
+        out.append(f" {acc:4.0%} {p.per_step:4.2f}/step")
+    out.append("\n")
+    return out
+
+
+def _live_points(ks: Sequence[int], series: dict[int, Series]) -> list[_Point]:
+    """Rows while the sweep runs: medians of the runs so far."""
+    base_tps = series[0].median_tps if 0 in series else None
+    out = [_Point(0, base_tps, name="target")]
+    for k in ks:
+        s = series.get(k)
+        tps = s.median_tps if s else None
+        out.append(_Point(k, tps, tps / base_tps if tps is not None and base_tps else None,
+                          s.accepted_per_step if s else None, f"{s.done}/{s.of}" if s and s.done < s.of else "",
+                          f"K={k}"))
+    return out
+
+
+def _final_points(result: SweepResult) -> list[_Point]:
+    """Rows once the sweep has ended: the result's medians, the optima marked."""
+    best_pred = result.optimum_predicted.k if result.optimum_predicted else None
+    headline = style(result.verdict[0].kind) if result.verdict else ""
+    out = [_Point(0, result.baseline.tps, name="target")]
+    for r in result.rows:
+        mark = " ★" if r.is_optimum else " ≈" if r.indistinguishable else ""
+        out.append(_Point(r.k, r.tps, r.speedup, r.mean_accepted, "", f"K={r.k}{mark}" + (" ◆" if r.k == best_pred else ""),
+                          (headline or "bold") if r.is_optimum else "", "bold" if r.is_optimum else ""))
+    return out
+
+
 def chart_text(ks: Sequence[int], series: dict[int, Series], width: int,
-               result: dict[str, Any] | None = None) -> Text:
+               result: SweepResult | None = None) -> Text:
     """The live chart: a row for target-only and one per K, tokens/s as a bar (median of the runs
     so far, the target-only median as a line through every row), then the speedup, the share of
     drafts accepted as a second bar and accepted drafts per step. With ``result`` (the sweep
-    has ended) the medians are the result's and the optima are marked: ★ measured, ◆ predicted."""
-    rows = {r["k"]: r for r in result["rows"]} if result else {}
-    base = series.get(0, Series(0))
-    base_tps = result["baseline"]["tps"] if result else base.median_tps
-    best = (result.get("optimum_measured") or {}).get("k") if result else None
-    best_pred = (result.get("optimum_predicted") or {}).get("k") if result else None
-    pays = bool(result and result.get("pays"))
-
-    def tps_of(k: int) -> float | None:
-        if k in rows:
-            return rows[k]["tps"]
-        return base_tps if k == 0 else series[k].median_tps if k in series else None
-
-    values = [v for v in (tps_of(k) for k in [0, *ks]) if v is not None]
-    scale = max(values) * 1.08 if values else 1.0
-    name_w, value_w, acc_w = 10, 22, 28
-    bar_w = max(8, width - name_w - value_w - acc_w - 1)
-    mark = min(bar_w - 1, round(base_tps / scale * bar_w)) if base_tps else None
-
-    out = Text()
-    out.append("tokens/s".ljust(name_w + bar_w), "bold")
-    out.append(" " * value_w)
-    out.append("drafts accepted of K\n", "bold")
-    out.append(" " * name_w)
-    out.append("│", BASE_STYLE)
-    out.append(" target-only" if base_tps else " target-only: not measured yet", EMPTY_STYLE)
-    out.append("   █", TPS_STYLE)
-    out.append(" speculative, median of runs so far", EMPTY_STYLE)
-    if result:
-        out.append("   ★ best measured   ◆ best predicted by the cost model", EMPTY_STYLE)
-    out.append("\n")
-    for k in [0, *ks]:
-        s = series.get(k)
-        tps = tps_of(k)
-        name = "target" if k == 0 else f"K={k}" + (" ★" if k == best else "") + (" ◆" if k == best_pred else "")
-        name_style = ("bold green" if pays else "bold yellow") if k == best else ""
-        out.append(name.ljust(name_w), name_style)
-        if tps is None:
-            out.append(_bar(0, scale, bar_w, TPS_STYLE, mark))
-            out.append("  waiting\n", EMPTY_STYLE)
-            continue
-        out.append(_bar(tps, scale, bar_w, BASE_STYLE if k == 0 else TPS_STYLE, None if k == 0 else mark))
-        partial = s is not None and s.done < s.of and not result
-        value = f" {tps:5.1f} tok/s"
-        speedup = rows[k]["speedup"] if k in rows else tps / base_tps if k and base_tps else None
-        if k and speedup is not None:
-            value += f" {speedup:4.2f}x"
-        if partial:
-            value += f" {s.done}/{s.of}"
-        out.append(value.ljust(value_w), "italic" if partial else "bold" if k == best else "")
-        per_step = rows[k]["mean_accepted"] if k in rows else s.accepted_per_step if s else None
-        if k and per_step is not None:
-            acc = per_step / k
-            out.append(" ")
-            out.append(_bar(acc, 1.0, 10, ACC_STYLE, track="░"))
-            out.append(f" {acc:4.0%} {per_step:4.2f}/step")
-        out.append("\n")
+    has ended) the medians are the result's and the optima are marked: ★ measured, ◆ predicted,
+    ≈ indistinguishable from the best; the verdict follows, each line coloured by its kind."""
+    points = _final_points(result) if result else _live_points(ks, series)
+    base_tps = points[0].tps
+    lay = _layout(width, [p.tps for p in points if p.tps is not None], base_tps)
+    out = _chart_legend(lay, base_tps is not None, result is not None)
+    for p in points:
+        out.append(_chart_row(p, lay))
     if result:
         out.append("\n")
-        for i, line in enumerate(result["verdict"]):
-            style = ("bold green" if pays else "bold red") if i == 0 else "red" if line.startswith(("why:", "BUG")) \
-                else "yellow" if line.startswith("note:") else ""
-            out.append(line + "\n", style)
+        for line in result.verdict:
+            out.append(line.text + "\n", style(line.kind))
     out.rstrip()
     return out
 
@@ -225,9 +276,10 @@ class SweepChart(Widget):
 
 
 class _Printed:
-    """``mlxspec.sweep.print_sweep`` (the CLI's table, parallelism and verdict) at the width given."""
+    """``mlxspec.measure.sweep.print_sweep`` (the CLI's table, parallelism and verdict) at the
+    width given."""
 
-    def __init__(self, result: dict[str, Any]) -> None:
+    def __init__(self, result: SweepResult) -> None:
         self.result = result
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -255,7 +307,7 @@ class SweepApp(App[None], inherit_bindings=False):
         self.ks = sorted(ks)
         self.description = description
         self.series: dict[int, Series] = {}
-        self.result: dict[str, Any] | None = None
+        self.result: SweepResult | None = None
         self.error: str | None = None
         self.finished = False  # the worker has returned, whatever the outcome
         self.stopping = False
@@ -318,9 +370,9 @@ class SweepApp(App[None], inherit_bindings=False):
         self.result = r = message.result
         bar = self.query_one(ProgressBar)
         bar.update(total=bar.total or 1, progress=bar.total or 1)
-        om = r.get("optimum_measured")
+        om = r.optimum_measured
         self.query_one("#phase", Label).update(
-            f"done: best K = {om['k']}, {om['speedup']:.2f}x target-only" if om else "done")
+            f"done: best K = {om.k}, {om.speedup:.2f}x target-only" if om else "done")
         self.query_one(SweepChart).refresh(layout=True)
         self.query_one("#table", Static).update(_Printed(r))
 
@@ -353,7 +405,7 @@ class SweepApp(App[None], inherit_bindings=False):
 def sweep_runner(**kwargs: Any) -> SweepRunner:
     """The real sweep: ``run_sweep(**kwargs)`` with the app's callbacks."""
 
-    def run(progress: Progress, on_run: OnRun) -> dict[str, Any]:
+    def run(progress: Progress, on_run: OnRun) -> SweepResult:
         from mlxspec.measure.sweep import run_sweep
 
         return run_sweep(progress=progress, on_run=on_run, **kwargs)
@@ -368,36 +420,70 @@ def describe(ks: Sequence[int], model: str, draft: str, temp: float, max_tokens:
     return f"{model} + {draft}, K {span}, {mode}, {max_tokens} tokens, {repeats} repeat(s)"
 
 
-def demo_runner(ks: Sequence[int] = (1, 2, 3, 4, 6, 8), prompts: int = 3, delay: float = 0.0,
-                before_run: Callable[[], None] | None = None) -> SweepRunner:
-    """Scripted, deterministic numbers in ``run_sweep``'s shape, no model: for tests and
-    ``--demo``. ``before_run`` is called before each timed run (tests use it to hold the sweep)."""
-    from mlxspec.measure.sweep import diagnose
+@dataclass(frozen=True)
+class _Script:
+    """The demo's made-up machine: costs, acceptance falling with the draft position, and a
+    run-to-run jitter, turned into the run records a real sweep collects."""
 
-    ks = sorted(ks)
-    target_ms, draft_ms = 110.0, 0.4
-    acc = {k: [0.62 * 0.9 ** i for i in range(k)] for k in ks}
-    verify = {k: target_ms * (1 + 0.12 * k) for k in ks}
-    jitter = [1.0, 0.93, 1.06, 0.97, 1.03, 0.9, 1.08]
+    target_ms: float = 110.0
+    draft_ms: float = 0.4
+    tokens: int = 48
+    jitter: tuple[float, ...] = (1.0, 0.93, 1.06, 0.97, 1.03, 0.9, 1.08)
 
-    def steps(k: int, n: int = 24) -> tuple[list[int], list[int]]:
+    def acceptance(self, k: int) -> list[float]:
+        return [0.62 * 0.9 ** i for i in range(k)]
+
+    def verify_ms(self, k: int) -> float:
+        return self.target_ms * (1 + 0.12 * k)
+
+    def tps(self, k: int, i: int) -> float:
         if k == 0:
-            return [0] * n, [0] * n
-        rng, out = random.Random(k), []
-        for _ in range(n):
+            return 1e3 / self.target_ms * self.jitter[i % len(self.jitter)]
+        acc = self.acceptance(k)
+        e = 1 + sum(math.prod(acc[: j + 1]) for j in range(k))
+        return 1e3 * e / (k * self.draft_ms + self.verify_ms(k)) * 0.85 * self.jitter[(i + k) % len(self.jitter)]
+
+    def steps(self, k: int, i: int) -> list[int]:
+        """Accepted drafts per step until ``tokens`` are out (one token per step for K = 0)."""
+        rng, out, emitted = random.Random(1000 * k + i), [], 0
+        while emitted < self.tokens:
             a = 0
-            while a < k and rng.random() < acc[k][a]:
+            while a < k and rng.random() < self.acceptance(k)[a]:
                 a += 1
             out.append(a)
-        return out, [k] * n
+            emitted += a + 1
+        return out
 
-    def tps(k: int, i: int) -> float:
-        if k == 0:
-            return 1e3 / target_ms * jitter[i % len(jitter)]
-        e = 1 + sum(math.prod(acc[k][: j + 1]) for j in range(k))
-        return 1e3 * e / (k * draft_ms + verify[k]) * 0.85 * jitter[(i + k) % len(jitter)]
+    def run(self, k: int, i: int) -> Run:
+        acc = self.steps(k, i)
+        total = self.tokens / self.tps(k, i)
+        n = len(acc)
+        return Run(list(range(self.tokens)), 20, 0.1 * total, 0.9 * total, acc[0] + 1, "length", acc, [k] * n,
+                   [k] * n, [self.draft_ms * k] * n, [self.verify_ms(k) if k else self.target_ms] * n)
 
-    def run(progress: Progress, on_run: OnRun) -> dict[str, Any]:
+
+def _demo_summary(ks: list[int], runs_by: dict[int, list[SweepRun]], script: _Script, prompts: int) -> SweepResult:
+    """The scripted runs through the sweep's own summary, as a real sweep's."""
+    from mlxspec.measure.runs import Machine, RunHeader
+    from mlxspec.measure.sweep import SweepSettings, summarise
+
+    vt = {1: [script.target_ms] * 3, **{k + 1: [script.verify_ms(k)] * 3 for k in ks}}
+    header = RunHeader("demo", Machine("demo", "demo", None), "no model", None, "-", None, "demo", "scripted")
+    settings = SweepSettings(list(ks), "demo", 0.0, 1.0, ["demo"], None, None, script.tokens, 1, 1, 1, 0, 3)
+    return summarise(ks, runs_by, vt, 20, header, settings, "demo data: scripted numbers, no model ran",
+                     [{"id": p, "category": "demo", "prompt_tokens": 20} for p in range(prompts)])
+
+
+def demo_runner(ks: Sequence[int] = (1, 2, 3, 4, 6, 8), prompts: int = 6, delay: float = 0.0,
+                before_run: Callable[[], None] | None = None) -> SweepRunner:
+    """Scripted, deterministic runs through ``run_sweep``'s summary, no model: for tests and
+    ``--demo``. ``before_run`` is called before each timed run (tests use it to hold the sweep)."""
+    from mlxspec.measure.sweep import SweepRun
+
+    ks = sorted(ks)
+    script = _Script()
+
+    def run(progress: Progress, on_run: OnRun) -> SweepResult:
         methods = [0, *ks]
         total = len(methods) + 3 + prompts * len(methods)
         done = 0
@@ -412,53 +498,25 @@ def demo_runner(ks: Sequence[int] = (1, 2, 3, 4, 6, 8), prompts: int = 3, delay:
             tick(f"warm-up 1/1 · {'target-only' if m == 0 else f'K={m}'}")
         for r in range(3):
             tick(f"verify cost · {r + 1}/3 rounds")
-        runs: dict[int, list[float]] = {m: [] for m in methods}
+        runs_by: dict[int, list[SweepRun]] = {m: [] for m in methods}
         for p in range(prompts):
             rot = p % len(methods)
+            got: dict[int, Run] = {}
             for m in methods[rot:] + methods[:rot]:
                 if before_run is not None:
                     before_run()
-                runs[m].append(tps(m, p))
-                a, d = steps(m)
-                on_run({"k": m, "prompt_id": p, "category": "demo", "repeat": 0, "tps": runs[m][-1],
-                        "accepted": a, "drafted": d, "done": len(runs[m]), "of": prompts})
+                got[m] = x = script.run(m, p)
+                on_run({"k": m, "prompt_id": p, "category": "demo", "repeat": 0, "tps": x.tps,
+                        "accepted": list(x.accepted), "drafted": list(x.drafted), "done": p + 1, "of": prompts})
                 tick(f"{'target-only' if m == 0 else f'K={m}'} · demo #{p} · repeat 1/1")
-        return _demo_result(ks, runs, acc, verify, target_ms, draft_ms, prompts, diagnose)
+            for m in methods:
+                runs_by[m].append(SweepRun(m, p, "demo", 0, got[m], got[m].tps / got[0].tps if m else None))
+        return _demo_summary(ks, runs_by, script, prompts)
 
     return run
 
 
-def _demo_result(ks, runs, acc, verify, target_ms, draft_ms, prompts, diagnose) -> dict[str, Any]:
-    med = {m: statistics.median(v) for m, v in runs.items()}
-    speed = {k: statistics.median(a / b for a, b in zip(runs[k], runs[0])) for k in ks}
-    d = diagnose(ks, [med[k] for k in ks], [speed[k] for k in ks], [acc[k] for k in ks],
-                 [draft_ms] * len(ks), [verify[k] for k in ks], target_ms, med[0])
-    best = d["optimum_measured"]["k"]
-    rows = []
-    for k, pm in zip(ks, d["predicted"]):
-        rows.append({
-            "k": k, "tps": med[k], "tps_min": min(runs[k]), "tps_max": max(runs[k]), "speedup": speed[k],
-            "acceptance": acc[k], "mean_accepted": pm["expected_tokens"] - 1, "draft_ms_per_token": draft_ms,
-            "verify_ms_per_step": verify[k], "verify_ms": verify[k], "verify_ratio": verify[k] / target_ms,
-            "predicted_tps": pm["tps"], "predicted_speedup": pm["speedup"], "is_optimum": k == best,
-        })
-    return {
-        "model": "demo", "dtype": "scripted", "backend": "no model",
-        "settings": {"ks": list(ks), "draft": "demo", "temperature": 0.0, "top_p": 1.0, "max_tokens": 48,
-                     "warmup": 1, "repeats": 1, "verify_reps": 3},
-        "note": "demo data: scripted numbers, no model ran",
-        "prompts": [{"id": p} for p in range(prompts)],
-        "baseline": {"tps": med[0], "tps_min": min(runs[0]), "tps_max": max(runs[0]),
-                     "ms_per_token": target_ms},
-        "rows": rows,
-        "verification": {"target_ms": target_ms, "slope": d["verify_slope"], "kind": d["verify_kind"],
-                         "per_k": [{"k": k, "tokens": k + 1, "ratio": verify[k] / target_ms} for k in ks]},
-        "optimum_measured": d["optimum_measured"], "optimum_predicted": d["optimum_predicted"],
-        "pays": d["pays"], "causes": d["causes"], "verdict": d["verdict"],
-    }
-
-
-def run_sweep_tui(ks: Sequence[int], description: str = "", **kwargs: Any) -> dict[str, Any] | None:
+def run_sweep_tui(ks: Sequence[int], description: str = "", **kwargs: Any) -> SweepResult | None:
     """Run the sweep in the live app until the user quits. Returns the result, or None when
     the user stopped it first; a failure shown in the app is raised again as ``MlxspecError``
     once the app has closed, so the CLI reports it as any other error."""

@@ -32,7 +32,9 @@ class Proposal:
         return self.parents is None or all(p == i - 1 for i, p in enumerate(self.parents))
 
 
-NO_DRAFT = Proposal(mx.zeros((0,), mx.int32))
+# Built from data, not from an op: a lazy module-level array would be bound to the importing
+# thread's stream, and the TUI drafts from a worker thread.
+NO_DRAFT = Proposal(mx.array([], dtype=mx.int32))
 
 
 @dataclass(frozen=True)
