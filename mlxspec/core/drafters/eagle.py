@@ -1,0 +1,160 @@
+"""A draft head that reads the target's features (EAGLE-style).
+
+The head sees, at slot s, the target's final hidden state f_s together with the embedding of
+the next token x_{s+1}; one llama block turns that into a prediction of f_{s+1}, and a head over
+a frequency-ranked subset of the vocabulary scores x_{s+2}. Drafting feeds its own predicted
+feature forward; once the target has verified, the accepted slots are re-run with the target's
+real features. Tokens outside the head's subset get q = 0, so verification stays exact.
+
+Slots, for committed tokens x_0..x_c of which the target has run x_0..x_{c-1} (the engine keeps
+x_c for the next verify pass): the head's cache holds slots 0..m-1 computed from real features,
+and ``pending`` holds the (feature, token) pairs of slots m..c-1, not yet run. Running them
+yields the head's guess for x_{c+1}: the first draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from mlxspec.core.cache import check_trimmable, rewind
+from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal
+from mlxspec.core.model import Block, LlamaConfig
+from mlxspec.core.sampling import SamplingParams, probs, sample
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    hidden_size: int = 576  # the target's: features are read and predicted in its space
+    intermediate_size: int = 1536
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_vocab: int = 8192
+    target_vocab: int = 49152
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_traditional: bool = False
+    max_position: int = 8192
+    tokenizer_sha256: str = ""
+
+    def block_config(self) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=self.head_vocab, hidden_size=self.hidden_size, num_layers=1,
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            intermediate_size=self.intermediate_size, rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta, rope_traditional=self.rope_traditional,
+            max_position=self.max_position, tie_embeddings=False,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Shared:
+    """Something the head uses but does not own (the target's embedding), kept outside MLX's
+    parameter tree so it is neither trained nor saved."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+class EagleHead(nn.Module):
+    """``head(features, tokens, cache)`` -> (predicted next features, logits over ``vocab_ids``).
+
+    features (B, L, D) are target features (or the head's own predictions) at slots s, tokens
+    (B, L) the tokens x_{s+1}. ``mask``/``positions`` as in our llama module."""
+
+    def __init__(self, cfg: EagleConfig, vocab_ids: mx.array, embed: Callable[[mx.array], mx.array]):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.block = Block(cfg.block_config())
+        self.lm_head = nn.Linear(d, cfg.head_vocab, bias=False)
+        self._ids = _Shared(vocab_ids.astype(mx.int32))
+        self._embed = _Shared(embed)
+
+    @property
+    def vocab_ids(self) -> mx.array:
+        return self._ids.value
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache()]
+
+    def __call__(self, features: mx.array, tokens: mx.array, cache: list | None = None, mask: Any = None,
+                 positions: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        if mask is None and tokens.shape[1] > 1:
+            mask = "causal"
+        e = mx.stop_gradient(self._embed.value(tokens)).astype(features.dtype)
+        h = self.fc(mx.concatenate([features, e], axis=-1))
+        # The block's output is the predicted feature, in the space of the target's normed
+        # final hidden state, so the target's own head rows score it.
+        pred = self.block(h, mask, None if cache is None else cache[0], positions)
+        return pred, self.lm_head(pred)
+
+    def full_logits(self, reduced: mx.array) -> mx.array:
+        """Reduced logits (..., head_vocab) -> full vocabulary, -inf outside the head's ids."""
+        full = mx.full((*reduced.shape[:-1], self.cfg.target_vocab), -mx.inf, dtype=reduced.dtype)
+        full[..., self.vocab_ids] = reduced
+        return full
+
+
+class EagleDrafter:
+    """Drafts with an ``EagleHead`` from the target's features; see the module docstring."""
+
+    wants_hidden = True
+
+    def __init__(self, head: EagleHead, name: str):
+        self.head, self.name = head, name
+        self.cache: list = []
+        self.pending_features: list[mx.array] = []  # (n, D) blocks, real target features
+        self.pending_tokens: list[int] = []
+
+    def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+        self.cache = check_trimmable(self.head.make_cache(), f"draft {self.name!r}")
+        # Slot s pairs f_s with x_{s+1}: the prompt's features f_0..f_{c-1} meet x_1..x_c.
+        self.pending_features = [] if hidden is None else [hidden.astype(self._dtype())]
+        self.pending_tokens = list(prompt[1:]) if hidden is not None else []
+
+    def _dtype(self) -> mx.Dtype:
+        return self.head.fc.weight.dtype
+
+    def _run(self, features: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
+        pred, z = self.head(features[None], tokens.reshape(1, -1), self.cache)
+        return pred[0, -1:], z[0, -1]
+
+    def _pick(self, z: mx.array, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array | None]:
+        if params.greedy:  # argmax over the head's own columns: no full-vocabulary row needed
+            return self.head.vocab_ids[mx.argmax(z)], None
+        logits = self.head.full_logits(z)
+        return sample(logits, params, key), probs(logits, params)
+
+    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
+        if k == 0 or not self.pending_tokens:
+            return NO_DRAFT
+        feats = mx.concatenate(self.pending_features) if len(self.pending_features) > 1 else self.pending_features[0]
+        pred, z = self._run(feats, mx.array(self.pending_tokens, mx.int32))
+        self.pending_features, self.pending_tokens = [], []
+        tokens, dists = [], []
+        for i, sub in enumerate(mx.random.split(key, k)):
+            tok, q = self._pick(z, params, sub)
+            tokens.append(tok)
+            if q is not None:
+                dists.append(q)
+            if i < k - 1:
+                pred, z = self._run(pred, tok)
+        return Proposal(mx.stack(tokens).astype(mx.int32), mx.stack(dists) if dists else None)
+
+    def commit(self, commit: Commit) -> None:
+        drafted, n = commit.drafted, commit.accepted
+        if commit.hidden is None:
+            raise ValueError("the eagle drafter needs the target's hidden states in every commit")
+        # Slots run on predicted features (one per draft but the last) are dropped; the kept
+        # ones are re-run with the target's real features on the next propose, in one call.
+        rewind(self.cache, max(len(drafted) - 1, 0))
+        self.pending_features.append(commit.hidden.astype(self._dtype()))
+        self.pending_tokens += drafted[:n] + [commit.next_token]

@@ -1,0 +1,307 @@
+"""Training an eagle head on cached target features, aligned with how it drafts.
+
+At inference the head's first draft reads a real target feature, and draft j reads the feature
+the head itself predicted at draft j-1. Training unrolls the same K steps over every slot of a
+sequence at once: step 1 reads the real features, step j the step-(j-1) predictions shifted by
+one slot. Attention at step j sees what the drafting head would have in its cache: real slots up
+to t-j+1, then its own step-i slot t-j+i for i = 2..j (``unroll_mask``).
+
+The loss per step is the token loss (``kl``, or ``eal``/``wtv`` blended with KL early, over the
+chain of K drafts that starts at each slot) plus a smooth-L1 regression of the predicted feature
+onto the target's real next feature.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlxspec.core.drafters.eagle import EagleHead
+from mlxspec.errors import MlxspecError
+from mlxspec.training import losses as L
+from mlxspec.training.eagle import save_head
+from mlxspec.training.features import FeatureSet
+from mlxspec.training.train import batch_order
+
+LOSSES = ("kl", "eal", "wtv")
+CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    loss: str = "eal"
+    k: int = 4  # unrolled draft steps, and the chain whose acceptance eal/wtv optimise
+    temp: float = 1.0
+    steps: int = 300
+    batch: int = 8
+    context: int = 192  # slots per training window
+    lr: float = 1e-3
+    warmup: int = 20
+    kl_anneal: float = 0.5
+    feature_weight: float = 0.5
+    seed: int = 0
+    checkpoint_every: int = 100
+
+    def validate(self) -> None:
+        if self.loss not in LOSSES:
+            raise MlxspecError(f"unknown loss {self.loss!r}; choose from {', '.join(LOSSES)}")
+        if not 1 <= self.k <= 8:
+            raise MlxspecError(f"the unrolled window K must be in 1..8, got {self.k}")
+        if self.temp <= 0 or self.steps < 1 or self.batch < 1 or self.context < 8:
+            raise MlxspecError("--temp must be > 0, --steps and --batch >= 1, the context >= 8")
+
+
+@dataclass
+class EagleStepLog:
+    step: int
+    loss: float
+    kl: float
+    feature: float
+    accept_1: float  # mean acceptance of the first draft (eal: q(argmax p); wtv/kl: 1 - TV)
+    chain: float  # expected accepted drafts of the K-step chain
+    kl_weight: float
+    positions_per_s: float
+
+
+def unroll_mask(length: int, step: int) -> mx.array:
+    """(L, step*L) visibility for step ``step`` (1-based): real keys s <= t-step+1, then the
+    step-i key at slot t-(step-i) for i = 2..step."""
+    t = mx.arange(length)[:, None]
+    s = mx.arange(length)[None, :]
+    blocks = [s <= t - (step - 1)] + [s == t - (step - i) for i in range(2, step + 1)]
+    return mx.concatenate(blocks, axis=1)
+
+
+class _StepKeys:
+    """A stand-in cache for one unrolled step: the keys of earlier steps come first, this
+    step's are appended and kept for the next step."""
+
+    def __init__(self, keys: mx.array | None, values: mx.array | None):
+        self.keys, self.values = keys, values
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        if self.keys is not None:
+            k, v = mx.concatenate([self.keys, k], axis=2), mx.concatenate([self.values, v], axis=2)
+        self.keys, self.values = k, v
+        return k, v
+
+
+def unroll(head: EagleHead, features: mx.array, tokens: mx.array, k: int) -> list[tuple[mx.array, mx.array]]:
+    """(predicted features, reduced logits) of each of ``k`` steps over all slots."""
+    _, length, _ = features.shape
+    positions = mx.arange(length)
+    keys = _StepKeys(None, None)
+    outs, inp = [], features
+    for step in range(1, k + 1):
+        pred, z = head(inp, tokens, [keys], mask=unroll_mask(length, step), positions=positions)
+        outs.append((pred, z))
+        inp = mx.concatenate([mx.zeros_like(pred[:, :1]), pred[:, :-1]], axis=1)
+    return outs
+
+
+def chain_expected_length(accepts: list[mx.array]) -> mx.array:
+    """E[u] = sum_k prod_{j<=k} A_j[u + j - 1]: the expected accepted drafts of the chain that
+    starts at slot u, where A_j (B, L) is the acceptance of step j at each slot."""
+    run = mx.ones_like(accepts[0])
+    total = mx.zeros_like(run)
+    for j, a in enumerate(accepts):
+        shifted = a if j == 0 else mx.concatenate([a[:, j:], mx.zeros((a.shape[0], j), a.dtype)], axis=1)
+        run = run * shifted
+        total = total + run
+    return total
+
+
+def make_batch(data: FeatureSet, rows: np.ndarray, context: int, rng: np.random.Generator,
+               col_of: np.ndarray) -> dict[str, mx.array]:
+    """Windows of ``context`` slots from examples ``rows``: slot t pairs feature f_t with token
+    x_{t+1}, and is trained on position t+1 (the target's next feature, its argmax as a head
+    column, -1 outside the head) when the token it predicts, x_{t+2}, is a response token."""
+    off = data.offsets
+    B, D = len(rows), data.features.shape[1]
+    feats = np.zeros((B, context, D), np.float16)
+    nxt_feats = np.zeros((B, context, D), np.float16)
+    tokens = np.zeros((B, context), np.int32)
+    lse = np.zeros((B, context), np.float32)
+    cols = np.full((B, context), -1, np.int32)
+    mask = np.zeros((B, context), np.float32)
+    for b, r in enumerate(rows):
+        lo, n, rs = int(off[r]), int(data.lengths[r]), int(data.response_start[r])
+        first = max(0, rs - 2)  # the first slot that predicts a response token
+        start = int(rng.integers(max(0, first - context // 4), max(first, n - 1 - context) + 1))
+        m = max(0, min(context, n - 1 - start))
+        sl = slice(lo + start, lo + start + m)
+        nx = slice(lo + start + 1, lo + start + 1 + m)
+        feats[b, :m], tokens[b, :m] = data.features[sl], data.tokens[nx]
+        nxt_feats[b, :m], lse[b, :m], cols[b, :m] = data.features[nx], data.lse[nx], col_of[data.argmax[nx]]
+        slots = np.arange(start, start + m)
+        mask[b, :m] = (slots + 2 >= rs) & (slots + 2 < n)
+    return {"features": mx.array(feats), "tokens": mx.array(tokens), "next_features": mx.array(nxt_feats),
+            "lse": mx.array(lse), "cols": mx.array(cols), "mask": mx.array(mask)}
+
+
+def objectives(head: EagleHead, batch: dict[str, mx.array], cfg: EagleTrainConfig, lam: float):
+    """(loss, kl, feature loss, first-draft acceptance, chain length) for one batch."""
+    feats = batch["features"].astype(mx.float32)
+    target = batch["next_features"].astype(mx.float32)
+    # The teacher over the head's columns, from the stored feature: the target's own head rows
+    # are the head's initial rows, but training moves them, so they are read frozen from a copy.
+    teacher = mx.stop_gradient(target @ batch["teacher_rows"].T - batch["lse"][..., None])
+    kls, feat_losses, accepts = [], [], []
+    for j, (pred, z) in enumerate(unroll(head, feats, batch["tokens"], cfg.k)):
+        mask = batch["mask"] * (mx.arange(z.shape[1]) >= j)[None, :]
+        kls.append(L.kl_loss(teacher, z, cfg.temp, mask))
+        huber = nn.losses.smooth_l1_loss(pred, target, reduction="none").mean(axis=-1)
+        feat_losses.append((huber * mask).sum() / mx.maximum(mask.sum(), 1.0))
+        if cfg.loss == "eal":
+            accepts.append(L.eal_acceptance(z, batch["cols"], mask))
+        else:
+            accepts.append(L.wtv_acceptance(teacher, z, cfg.temp, mask))
+    kl, feat = sum(kls) / cfg.k, sum(feat_losses) / cfg.k
+    chain = (chain_expected_length(accepts) * batch["mask"]).sum() / mx.maximum(batch["mask"].sum(), 1.0)
+    first = (accepts[0] * batch["mask"]).sum() / mx.maximum(batch["mask"].sum(), 1.0)
+    token = kl if cfg.loss == "kl" else L.blended_loss(kl, -chain / cfg.k, lam)
+    return token + cfg.feature_weight * feat, kl, feat, first, chain
+
+
+def lr_schedule(cfg: EagleTrainConfig) -> Callable[[mx.array], mx.array]:
+    warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, max(cfg.warmup, 1))
+    decay = optim.cosine_decay(cfg.lr, max(cfg.steps - cfg.warmup, 1), cfg.lr * 0.05)
+    return optim.join_schedules([warm, decay], [max(cfg.warmup, 1)])
+
+
+def _save_checkpoint(out: Path, head: EagleHead, opt: optim.Optimizer, step: int, cfg: EagleTrainConfig,
+                     history: list[EagleStepLog]) -> None:
+    ck = out / CHECKPOINT
+    save_head(head, ck, dtype="float32")
+    state = {k: v for k, v in tree_flatten(opt.state) if isinstance(v, mx.array)}
+    mx.save_safetensors(str(ck / "optimizer.safetensors"), state)
+    (ck / "state.json").write_text(json.dumps({"step": step, "train": asdict(cfg),
+                                               "history": [asdict(h) for h in history]}))
+
+
+def _resume(out: Path, head: EagleHead, opt: optim.Optimizer, cfg: EagleTrainConfig) -> tuple[int, list[EagleStepLog]]:
+    ck = out / CHECKPOINT
+    try:
+        state = json.loads((ck / "state.json").read_text())
+    except (OSError, ValueError):
+        raise MlxspecError(f"--resume: no readable checkpoint in {out}") from None
+    diff = [k for k, v in asdict(cfg).items() if k != "checkpoint_every" and state["train"].get(k) != v]
+    if diff:
+        raise MlxspecError(f"--resume: the checkpoint was trained with other settings ({', '.join(diff)})")
+    w = mx.load(str(ck / "head.safetensors"))
+    w.pop("vocab_ids")
+    head.load_weights(list(w.items()), strict=True)
+    opt.state = tree_unflatten(list(mx.load(str(ck / "optimizer.safetensors")).items()))
+    return state["step"], [EagleStepLog(**h) for h in state["history"]]
+
+
+def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: EagleTrainConfig, out: Path,
+               resume: bool = False, on_step: Callable[[EagleStepLog], None] | None = None) -> list[EagleStepLog]:
+    """Train ``head`` in place on ``data``; ``teacher_rows`` are the target's head rows for the
+    head's vocabulary (frozen). Checkpoints to ``out``; ``resume`` continues exactly."""
+    cfg.validate()
+    mx.random.seed(cfg.seed)
+    opt = optim.AdamW(learning_rate=lr_schedule(cfg), weight_decay=0.0)
+    start, history = _resume(out, head, opt, cfg) if resume else (0, [])
+    order = batch_order(len(data.lengths), cfg.steps, cfg.batch, cfg.seed)
+    col_of = np.full(int(max(data.argmax.max(), int(head.vocab_ids.max()))) + 1, -1, np.int32)
+    col_of[np.array(head.vocab_ids)] = np.arange(head.vocab_ids.shape[0], dtype=np.int32)
+    loss_and_grad = nn.value_and_grad(head, lambda b, lam: objectives(head, b, cfg, lam))
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        rng = np.random.default_rng([cfg.seed, step])  # windows depend on the step only: exact resume
+        batch = make_batch(data, order[step], cfg.context, rng, col_of)
+        batch["teacher_rows"] = teacher_rows
+        lam = L.kl_weight(step, cfg.steps, anneal_frac=cfg.kl_anneal) if cfg.loss != "kl" else 1.0
+        (loss, kl, feat, first, chain), grads = loss_and_grad(batch, lam)
+        opt.update(head, grads)
+        mx.eval(head.parameters(), opt.state, loss, kl, feat, first, chain)
+        if not math.isfinite(loss.item()):
+            raise MlxspecError(f"loss is {loss.item()} at step {step}: stopping (try a lower --lr)")
+        log = EagleStepLog(step + 1, loss.item(), kl.item(), feat.item(), first.item(), chain.item(), lam,
+                           float(batch["mask"].sum().item()) / (time.perf_counter() - t0))
+        history.append(log)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            _save_checkpoint(out, head, opt, step + 1, cfg, history)
+        if on_step:
+            on_step(log)
+    return history
+
+
+def corpus_examples(per_category: int, seed: int) -> tuple[list, dict[str, int]]:
+    """The broad corpus (``corpus.py``), categories interleaved so any prefix is balanced."""
+    from mlxspec.measure.runs import data_dir
+    from mlxspec.training.corpus import build_corpus
+
+    examples, stats = build_corpus(data_dir(), per_category, seed=seed)
+    pools: dict[str, list] = {}
+    for e in examples:
+        pools.setdefault(e.category, []).append(e)
+    longest = max((len(p) for p in pools.values()), default=0)
+    order = [pools[c][i] for i in range(longest) for c in sorted(pools) if i < len(pools[c])]
+    return order, stats
+
+
+def prepare_features(target, per_category: int, seed: int, max_tokens: int,
+                     progress: Callable[[int, int], None] | None = None) -> FeatureSet:
+    """Teacher-forced target features over the corpus, cached in ``$MLXSPEC_HOME/eagle-data``."""
+    from mlxspec.targets import store
+    from mlxspec.training.features import build
+
+    if per_category < 1:
+        raise MlxspecError(f"--examples-per-category must be >= 1, got {per_category}")
+    examples, _ = corpus_examples(per_category, seed)
+    return build(target, examples, store.home() / "eagle-data", max_tokens=max_tokens, progress=progress)
+
+
+def head_vocabulary(data: FeatureSet, size: int, target) -> mx.array:
+    """The ``size`` tokens the target most often emits in the data (its argmax at response
+    positions, plus the response tokens themselves); end-of-turn tokens always included."""
+    from mlxspec.training.distill import choose_vocab
+
+    resp = np.concatenate([np.arange(o + s, o + n) for o, s, n in
+                           zip(data.offsets[:-1], data.response_start, data.lengths)])
+    seqs = [data.argmax[resp], data.tokens[resp]]
+    return mx.array(choose_vocab(seqs, size, target.config.vocab_size, list(target.tokenizer.eos_token_ids)))
+
+
+def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, head: EagleHead,
+               history: list[EagleStepLog], seconds: float) -> str:
+    params = sum(v.size for _, v in tree_flatten(head.parameters()))
+    last = history[-min(len(history), 20):]
+    mean = lambda a: sum(getattr(h, a) for h in last) / max(len(last), 1)  # noqa: E731
+    cats = "\n".join(f"| {c} | {n:,} |" for c, n in data.tokens_per_category().items())
+    return f"""# {name}
+
+An eagle-style draft head for `{data.meta.get('target', '?')}`: an input projection of [target
+feature; next-token embedding], one llama block, and a head over the {head.cfg.head_vocab} tokens the
+target emits most in the training data (q = 0 elsewhere, so verification stays exact).
+{params / 1e6:.1f}M parameters of its own; the target's embedding table is shared at load time.
+
+Reproduce: `{recipe}`
+
+Training: loss `{cfg.loss}` over {cfg.k} unrolled draft steps (the head reads its own predicted
+features from step 2 on, as when drafting), feature regression weight {cfg.feature_weight},
+{cfg.steps} steps of {cfg.batch} x {cfg.context} slots, {seconds / 60:.1f} min in all here.
+Last {len(last)} steps: first-draft acceptance {mean('accept_1'):.2f}, expected accepted drafts
+of the {cfg.k}-chain {mean('chain'):.2f} (teacher-forced, training batches).
+
+Data: {len(data.lengths):,} examples, {data.trained_positions():,} response positions, teacher-forced
+through the target (features, log-normaliser and argmax cached). Response tokens per category:
+
+| category | tokens |
+|---|---|
+{cats}
+
+Speed and acceptance measured with the real engine: `BENCHMARKS.md`.
+"""

@@ -1,0 +1,240 @@
+"""The eagle drafter and its training: exact greedy decoding, feature and cache rollback under
+any accept pattern, training's unrolled steps equal to what drafting computes, the chain
+objective, save/load and its bad inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny import VOCAB, tiny_target
+
+from mlxspec.core.drafters import Commit
+from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
+from mlxspec.core.engine import generate
+from mlxspec.core.events import Step
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.errors import MlxspecError
+from mlxspec.training.eagle import load_head, new_head, save_head
+from mlxspec.training.eagle_train import (
+    EagleTrainConfig,
+    chain_expected_length,
+    make_batch,
+    objectives,
+    train_head,
+    unroll,
+)
+from mlxspec.training.features import FeatureSet
+
+GREEDY = SamplingParams()
+HEAD_IDS = list(range(0, VOCAB, 2)) + [1]
+
+
+def random_head(target, seed: int = 1) -> EagleHead:
+    """A fresh head with every weight random, so drafts are varied and often rejected."""
+    mx.random.seed(seed)
+    head = new_head(target, mx.array(sorted(HEAD_IDS)))
+    flat = [(k, mx.random.normal(v.shape) * 0.3) for k, v in _flat(head) if not k.startswith("lm_head")]
+    head.load_weights(flat, strict=False)
+    mx.eval(head.parameters())
+    return head
+
+
+def _flat(module):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(module.parameters())
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def features(target, tokens: list[int]) -> mx.array:
+    _, h = target.model(mx.array([tokens]), None, return_hidden=True)
+    return h[0]
+
+
+def plain(target, prompt, n):
+    return [t for ev in generate(target.model, prompt, GREEDY, n, set(), 512) if isinstance(ev, Step)
+            for t in ev.emitted]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_greedy_with_the_eagle_drafter_is_target_only(target, k):
+    prompt = [3, 17, 9, 40, 2, 33]
+    drafter = EagleDrafter(random_head(target), "eagle")
+    events = list(generate(target.model, prompt, GREEDY, 30, set(), 512, 0, drafter, k))
+    out = [t for ev in events if isinstance(ev, Step) for t in ev.emitted]
+    assert out == plain(target, prompt, 30)
+    assert any(ev.k > 0 for ev in events if isinstance(ev, Step))
+
+
+@settings(max_examples=25, deadline=None)
+@given(prompt=st.lists(st.integers(1, VOCAB - 1), min_size=2, max_size=8),
+       rounds=st.lists(st.tuples(st.integers(0, 5), st.floats(0, 1), st.integers(1, VOCAB - 1)), min_size=1, max_size=4))
+def test_feature_and_cache_rollback_under_any_accept_pattern(target, prompt, rounds):
+    """After any sequence of proposals and accept patterns, the head's next first-draft logits
+    equal a fresh run over the committed history with the target's real features."""
+    head = random_head(target)
+    d = EagleDrafter(head, "eagle")
+    d.reset(prompt, features(target, prompt[:-1]))
+    history = list(prompt)
+    key = mx.random.key(0)
+    for k, frac, nxt in rounds:
+        drafted = d.propose(history, k, GREEDY, key).tokens.tolist()
+        n = round(frac * len(drafted))
+        # what the target would hand back: its features of the last committed token and the kept drafts
+        kept = history + drafted[:n]
+        hidden = features(target, kept)[len(history) - 1:]
+        d.commit(Commit(drafted, n, nxt, hidden))
+        history = kept + [nxt]
+        ours = d.propose(history, 1, GREEDY, key)
+        feats = features(target, history[:-1])
+        _, z = head(feats[None], mx.array([history[1:]]))
+        assert ours.tokens.item() == head.vocab_ids[mx.argmax(z[0, -1])].item()
+        d.commit(Commit(ours.tokens.tolist(), 0, nxt, features(target, history)[-1:]))
+        history = history + [nxt]
+
+
+def test_training_unroll_matches_what_drafting_computes(target):
+    """Step j of the unrolled training pass at slot t is the head's j-th draft from anchor t-j+1."""
+    head = random_head(target)
+    seq = [4, 9, 13, 21, 2, 7, 30, 11, 5, 19]
+    feats = features(target, seq)
+    outs = unroll(head, feats[None, :-1], mx.array([seq[1:]]), 3)
+    for anchor in range(1, 6):  # the drafter has committed seq[:anchor+1], features of seq[:anchor]
+        cache = head.make_cache()
+        pred, z = head(feats[None, :anchor], mx.array([seq[1 : anchor + 1]]), cache)
+        for j in range(3):
+            slot = anchor - 1 + j
+            np.testing.assert_allclose(np.array(z[0, -1]), np.array(outs[j][1][0, slot]), rtol=2e-4, atol=2e-4)
+            # teacher-forced: the next input token is the data's, as in training
+            pred, z = head(pred[:, -1:], mx.array([[seq[slot + 2]]]), cache)
+
+
+def test_chain_expected_length_matches_a_loop():
+    rng = np.random.default_rng(0)
+    acc = [rng.uniform(size=(2, 7)) for _ in range(3)]
+    got = np.array(chain_expected_length([mx.array(a) for a in acc]))
+    for b in range(2):
+        for u in range(7):
+            want, run = 0.0, 1.0
+            for j in range(3):
+                run *= acc[j][b, u + j] if u + j < 7 else 0.0
+                want += run
+            assert got[b, u] == pytest.approx(want, rel=1e-5)
+
+
+def tiny_features(target, sequences: int = 10, length: int = 24, seed: int = 0) -> FeatureSet:
+    rng = np.random.default_rng(seed)
+    parts = []
+    for _ in range(sequences):
+        seq = rng.integers(1, VOCAB, size=length).tolist()
+        logits, h = target.model(mx.array([seq]), None, return_hidden=True)
+        parts.append(FeatureSet(np.array(seq, np.int32), np.array(h[0].astype(mx.float16)),
+                                np.array(mx.logsumexp(logits[0], axis=-1)),
+                                np.array(mx.argmax(logits[0], axis=-1)).astype(np.int32),
+                                np.array([length]), np.array([6]), ["test"]))
+    return FeatureSet.concat(parts, {})
+
+
+@pytest.mark.parametrize("loss", ["kl", "eal", "wtv"])
+def test_quick_training_improves_its_objective(target, tmp_path, loss):
+    data = tiny_features(target)
+    head = new_head(target, mx.array(sorted(HEAD_IDS)))
+    rows = target.model.model.embed_tokens.weight[head.vocab_ids]
+    cfg = EagleTrainConfig(loss=loss, steps=30, batch=4, context=20, k=3, lr=3e-3, warmup=2, kl_anneal=0.3)
+    col_of = np.full(VOCAB, -1, np.int32)
+    col_of[np.array(head.vocab_ids)] = np.arange(len(HEAD_IDS))
+
+    def objective() -> float:
+        b = make_batch(data, np.arange(10), 20, np.random.default_rng(1), col_of)
+        b["teacher_rows"] = rows
+        _, kl, feat, first, chain = objectives(head, b, cfg, 1.0)
+        return {"kl": kl.item(), "eal": -chain.item(), "wtv": -chain.item()}[loss] + feat.item()
+
+    before = objective()
+    train_head(head, data, rows, cfg, tmp_path / "run")
+    assert objective() < before
+
+
+def test_resume_is_exact(target, tmp_path):
+    data = tiny_features(target)
+    ids = mx.array(sorted(HEAD_IDS))
+    rows = target.model.model.embed_tokens.weight[ids]
+    cfg = EagleTrainConfig(steps=6, batch=2, context=16, k=2, checkpoint_every=3)
+    whole = new_head(target, ids)
+    train_head(whole, data, rows, cfg, tmp_path / "whole")
+    with pytest.raises(_Stop):  # interrupted right after the step-3 checkpoint
+        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", on_step=_stop_after(3))
+    resumed = new_head(target, ids)
+    history = train_head(resumed, data, rows, cfg, tmp_path / "cut", resume=True)
+    assert [h.step for h in history] == [1, 2, 3, 4, 5, 6]
+    for (k, a), (_, b) in zip(_flat(whole), _flat(resumed)):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_after(n: int):
+    def on_step(log):
+        if log.step == n:
+            raise _Stop
+
+    return on_step
+
+
+def test_save_and_load_round_trip(target, tmp_path):
+    head = random_head(target)
+    save_head(head, tmp_path / "h", dtype="float32")
+    again = load_head(tmp_path / "h", target)
+    f = features(target, [1, 2, 3])
+    a, b = head(f[None], mx.array([[2, 3, 4]])), again(f[None], mx.array([[2, 3, 4]]))
+    np.testing.assert_allclose(np.array(a[1]), np.array(b[1]), rtol=1e-6)
+
+
+def test_a_head_for_another_target_is_refused_naming_both(target, tmp_path):
+    save_head(random_head(target), tmp_path / "h", dtype="float32")
+    other = tiny_target(vocab={f"w{i}": i for i in range(VOCAB)})
+    other.name = "other"
+    with pytest.raises(MlxspecError, match=r"different tokenizer than target 'other'"):
+        load_head(tmp_path / "h", other)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    cfg["head"]["hidden_size"] = 64
+    (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MlxspecError, match=r"hidden size 64; 'tiny' has 64 and 32|vocabulary 64 and hidden size 64"):
+        load_head(tmp_path / "h", target)
+
+
+def test_corrupt_or_truncated_head_folders_are_clear_errors(target, tmp_path):
+    path = save_head(random_head(target), tmp_path / "h", dtype="float32")
+    weights = path / "head.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(MlxspecError, match="cannot read head.safetensors"):
+        load_head(path, target)
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(MlxspecError, match="not a readable mlxspec eagle head"):
+        load_head(path, target)
+
+
+def test_make_drafter_finds_an_eagle_folder(target, tmp_path):
+    from mlxspec.targets.drafts import make_drafter
+
+    path = save_head(random_head(target), tmp_path / "h", dtype="float32")
+    d = make_drafter(str(path), target)
+    assert isinstance(d, EagleDrafter) and d.wants_hidden
+
+
+def test_dummy_path_is_not_an_eagle_folder(tmp_path: Path):
+    from mlxspec.training.eagle import is_head_folder
+
+    assert not is_head_folder(tmp_path)
