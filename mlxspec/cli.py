@@ -41,6 +41,20 @@ def friendly(fn):
     return wrapper
 
 
+def _k_option(k: Optional[str], draft: str) -> int | str | None:
+    """``--k`` checked before anything loads: an int, ``"auto"``, or None when not given (auto
+    with a drafter); ``--k auto`` with ``--draft none`` is refused, as nothing would be drafted."""
+    from mlxspec.core.autok import parse_k_option
+
+    if k is None:
+        return None
+    spec = parse_k_option(k)
+    if spec == "auto" and draft in ("none", ""):
+        raise MlxspecError("--k auto needs a drafter, but --draft is none (drop --k, or pick a drafter "
+                           "such as --draft default or ngram:3)")
+    return spec
+
+
 def read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
     if prompt_file is not None:
         if prompt is not None:
@@ -62,7 +76,9 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
 
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file or mlx-lm folder.")
 DraftOpt = typer.Option("default", "--draft", "-d", help="Drafter: default (the registry's trained draft for the target, else ngram:3), none, ngram[:N] (prompt lookup), self:L (target's first L layers), a trained draft folder or a draft model path.")
-KOpt = typer.Option(4, "--k", "-k", help="Draft tokens per step (1..64).")
+KOpt = typer.Option(None, "--k", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
+KFixedOpt = typer.Option(4, "--k", "-k", help="Draft tokens per step (1..64).")
+RemeasureOpt = typer.Option(False, "--remeasure-cost", help="--k auto: measure this machine's verify-cost curve for the model again (cached in $MLXSPEC_HOME/costcurves).")
 DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
 
 
@@ -81,15 +97,15 @@ def generate(
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     dtype: str = DtypeOpt,
     draft: str = DraftOpt,
-    k: int = KOpt,
+    k: Optional[str] = KOpt,
+    remeasure_cost: bool = RemeasureOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per token (with its status), then a summary."),
 ) -> None:
     """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
     (or --draft; --draft none for target-only decoding)."""
-    from mlxspec.core.drafters import parse_k
     from mlxspec.core.engine import generate as run
-    from mlxspec.core.events import Done, Step
     from mlxspec.core.sampling import SamplingParams
+    from mlxspec.measure.costcurve import k_policy
     from mlxspec.targets import loading
     from mlxspec.targets.drafts import make_drafter
     from mlxspec.targets.tokenizer import encode_prompt
@@ -98,29 +114,40 @@ def generate(
     params = SamplingParams(temp, top_p, top_k, min_p)
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
-    parse_k(k)
+    k = _k_option(k, draft)
     lm = loading.load(model, dtype)
     drafter = make_drafter(_named_draft(draft, model), lm, dtype)
     ids = encode_prompt(lm.tokenizer, text, raw=raw)
-    reply = _ReplyWriter(lm, drafter, k, as_json)
+    policy = k_policy(k, lm, drafter, remeasure_cost)
+    reply = _ReplyWriter(lm, drafter, "auto" if k is None else k, as_json)
     eos = set(lm.tokenizer.eos_token_ids)
-    for ev in run(lm.model, ids, params, max_tokens, eos, lm.context_length, seed, drafter, k):
-        if isinstance(ev, Step):
-            reply.step(ev)
-        elif isinstance(ev, Done):
-            reply.done(ev)
+    for ev in run(lm.model, ids, params, max_tokens, eos, lm.context_length, seed, drafter, policy):
+        reply.add(ev)
 
 
 class _ReplyWriter:
     """What ``generate`` prints for each engine event: the reply as text (statistics on stderr),
-    or with ``--json`` one object per token, per step and a summary, all on stdout."""
+    or with ``--json`` one object per token, per step and a summary, all on stdout. The summary
+    is the ``Run`` the events make (``RunCollector``), as every command collects a run."""
 
     def __init__(self, lm, drafter, k: int, as_json: bool):
+        from mlxspec.measure.runs import RunCollector
+
         self.lm, self.drafter, self.k, self.as_json = lm, drafter, k, as_json
         self.tok = lm.tokenizer
         self.detok = self.tok.detokenizer
         self.detok.reset()
         self.out = sys.stdout
+        self.collector = RunCollector()
+
+    def add(self, ev) -> None:
+        from mlxspec.core.events import Done, Step
+
+        self.collector.add(ev)
+        if isinstance(ev, Step):
+            self.step(ev)
+        elif isinstance(ev, Done):
+            self.done(self.collector.run())
 
     def pieces(self, step) -> Iterator[tuple[Any, str]]:
         """Each token of a step with its text; a rejected draft token is not part of the reply,
@@ -146,22 +173,31 @@ class _ReplyWriter:
             self.write({"step": {"k": ev.k, "accepted": ev.accepted, "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms}})
         self.out.flush()
 
-    def done(self, ev) -> None:
+    def summary(self, run) -> dict:
+        """The ``--json`` summary of a ``Run``: decode tokens/s 0.0 when there is none, no
+        accepted lengths for target-only decoding (its steps draft nothing)."""
+        return {"prompt_tokens": run.prompt_tokens, "generated_tokens": run.generated_tokens,
+                "prefill_s": run.prefill_s, "decode_s": run.decode_s, "stop_reason": run.stop_reason,
+                "steps": run.steps, "accepted_lengths": list(run.accepted) if self.drafter else [],
+                "prefill_tps": run.prefill_tps, "decode_tps": run.decode_tps or 0.0}
+
+    def done(self, run) -> None:
         self.detok.finalize()
         tail = self.detok.last_segment
         if self.as_json:
             if tail:
                 self.write({"token": None, "text": tail, "status": "flush"})
-            self.write({"summary": ev.to_dict(), "model": self.lm.name, "dtype": self.lm.dtype,
+            self.write({"summary": self.summary(run), "model": self.lm.name, "dtype": self.lm.dtype,
                         "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0})
             return
         self.out.write(tail + "\n")
         self.out.flush()
-        line = (f"{ev.prompt_tokens} prompt tokens, {ev.prefill_tps:.1f} tok/s prefill; "
-                f"{ev.generated_tokens} generated, {ev.decode_tps:.1f} tok/s decode; stop: {ev.stop_reason}")
-        if self.drafter is not None and ev.steps:
-            tau = sum(ev.accepted_lengths) / ev.steps
-            line += f"; {self.drafter.name} k={self.k}: {ev.steps} steps, {tau:.2f} accepted per step"
+        line = (f"{run.prompt_tokens} prompt tokens, {run.prefill_tps:.1f} tok/s prefill; "
+                f"{run.generated_tokens} generated, {run.decode_tps or 0.0:.1f} tok/s decode; stop: {run.stop_reason}")
+        if self.drafter is not None and run.steps:
+            tau = sum(run.accepted) / run.steps
+            k = self.k if self.k != "auto" else f"auto (mean {sum(run.drafted) / run.steps:.1f} drafted)"
+            line += f"; {self.drafter.name} k={k}: {run.steps} steps, {tau:.2f} accepted per step"
         err.print(f"[dim]{line}[/]")
 
     def write(self, obj: dict) -> None:
@@ -263,17 +299,20 @@ def _named_draft(draft: str, target: str) -> str:
 def chat(
     model: str = ModelOpt,
     draft: str = typer.Option("default", "--draft", "-d", help="Drafter: default, none, ngram[:N], self:L or a draft path (cycle with a key)."),
-    k: int = KOpt,
+    k: Optional[str] = KOpt,
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
     dtype: str = DtypeOpt,
+    remeasure_cost: bool = RemeasureOpt,
 ) -> None:
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
     correction, bonus, plain), with acceptance statistics and speed beside them."""
     from tui.chat.app import run_chat
 
-    run_chat(model, _named_draft(draft, model), k, temp, top_p, max_tokens, dtype)
+    k = _k_option(k, draft)
+    run_chat(model, _named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
+             **({"remeasure_cost": True} if remeasure_cost else {}))
 
 
 @app.command()
@@ -282,7 +321,8 @@ def bench(
     baseline: bool = typer.Option(False, "--baseline", help="Target-only decode speed: mlxspec vs mlx-lm's stream_generate, and the memory-bandwidth floor."),
     model: str = ModelOpt,
     draft: str = typer.Option("default", "--draft", "-d", help="Drafter to benchmark (see `generate --help`)."),
-    k: int = KOpt,
+    k: Optional[str] = KOpt,
+    remeasure_cost: bool = RemeasureOpt,
     temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures to run (repeat the option)."),
     categories: Optional[list[str]] = typer.Option(None, "--category", help="Spec-Bench categories to run (repeatable; default all six)."),
     per_category: int = typer.Option(2, help="Prompts per Spec-Bench category."),
@@ -297,9 +337,9 @@ def bench(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
 ) -> None:
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
-    from mlxspec.core.drafters import parse_k
     from mlxspec.measure import bench as b
 
+    k = _k_option(k, draft)
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     if repeats < 1 or warmup < 0:
@@ -314,9 +354,9 @@ def bench(
             result = b.baseline_bench(model, dtype, max_tokens=max_tokens, warmup=warmup,
                                       repeats=max(repeats, 3), progress=progress)
         else:
-            parse_k(k)
-            result = b.spec_bench(model, draft, k, tuple(temps), categories, per_category, max_tokens,
-                                  warmup, repeats, mlx_lm, prompts_file, seed, progress, dtype=dtype)
+            result = b.spec_bench(model, draft, "auto" if k is None else k, tuple(temps), categories, per_category,
+                                  max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, progress, dtype=dtype,
+                                  remeasure_cost=remeasure_cost)
     if as_json:
         _print_json(result.to_json())
     else:
@@ -329,7 +369,7 @@ def bench(
 def verify(
     model: str = ModelOpt,
     draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter whose output distribution is checked."),
-    k: int = KOpt,
+    k: int = KFixedOpt,
     tokens: int = typer.Option(9200, help="Tokens sampled per method for the chi-squared test."),
     temp: float = typer.Option(1.0, "--temp", "-t", help="Sampling temperature for the distribution test."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus mass for the distribution test."),
@@ -448,7 +488,7 @@ def train_draft(
     temp: float = typer.Option(1.0, "--temp", "-t", help="Temperature of p and q in kl and wtv."),
     steps: int = typer.Option(400, help="Distillation steps."),
     batch: int = typer.Option(8, help="Sequences per step."),
-    lr: float = typer.Option(3e-4, help="Peak learning rate (warm-up, then cosine decay)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate (warm-up, then cosine decay); default 3e-4 for draft, 1e-3 for eagle."),
     prompts: int = typer.Option(320, help="Training prompts (distillation data is built once and cached)."),
     max_new_tokens: int = typer.Option(96, help="Target-generated tokens per training prompt."),
     data: Optional[Path] = typer.Option(None, "--data", help="Distillation set (.npz): used if present, else built and saved there."),
@@ -457,12 +497,34 @@ def train_draft(
     seed: int = typer.Option(0, help="Seed for data, initialisation, batch order and GRPO sampling."),
     quick: bool = typer.Option(False, "--quick", help="CI-sized run (~1-2 minutes): 12 prompts, 1 layer, 1024-token head, 40 steps."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary and per-step log as JSON to stdout."),
+    arch: str = typer.Option("draft", "--arch", help="draft (llama blocks on the target's embeddings) or eagle (one block reading the target's hidden states; see --examples-per-category)."),
+    examples_per_category: int = typer.Option(300, help="eagle: corpus examples per category (11 categories; see mlxspec/training/SOURCES.md)."),
+    max_examples: Optional[int] = typer.Option(None, help="eagle: use only the first N corpus examples (categories interleaved)."),
+    feature_weight: float = typer.Option(0.5, help="eagle: weight of the feature regression beside the token loss."),
+    context: int = typer.Option(192, help="eagle: slots per training window."),
 ) -> None:
-    """Train a small draft for the target by self-distillation, with an acceptance-aware loss:
-    the target continues prompts from ../shared/data (Spec-Bench questions removed) and our own,
-    and its distributions along them are the teacher (built once, cached)."""
+    """Train a draft for the target with an acceptance-aware loss. --arch draft: self-distillation,
+    the target continues prompts from ../shared/data (Spec-Bench questions removed) and its
+    distributions along them are the teacher. --arch eagle: a head that reads the target's hidden
+    states, trained on the target's features teacher-forced over a broad offline corpus. Data is
+    built once and cached."""
     import time
 
+    if arch == "eagle":
+        from mlxspec.training.eagle_train import EagleTrainConfig
+
+        if quick:
+            examples_per_category, max_examples, head_vocab, steps, batch, context = 2, 22, 1024, 30, 4, 64
+            checkpoint_every, window = 15, 3
+        cfg = EagleTrainConfig(loss=loss, k=window, temp=temp, steps=steps, batch=batch, context=context,
+                               lr=lr or 1e-3, feature_weight=feature_weight, seed=seed,
+                               checkpoint_every=checkpoint_every)
+        summary = _train_eagle(out, model, cfg, head_vocab, examples_per_category, max_examples, resume, quick)
+        if as_json:
+            _print_json(summary)
+        return
+    if arch != "draft":
+        raise MlxspecError(f"unknown --arch {arch!r}; choose draft or eagle")
     from mlxspec.targets.loading import load
     from mlxspec.training import train as tr
     from mlxspec.training.draft import DraftConfig, tokenizer_fingerprint
@@ -470,7 +532,7 @@ def train_draft(
     if quick:
         prompts, max_new_tokens, head_vocab, layers = 12, 24, 1024, 1
         steps, batch, checkpoint_every, grpo_steps, grpo_group = 40, 4, 20, 4, 4
-    cfg = tr.TrainConfig(loss=loss, k=window, temp=temp, steps=steps, batch=batch, lr=lr,
+    cfg = tr.TrainConfig(loss=loss, k=window, temp=temp, steps=steps, batch=batch, lr=lr or 3e-4,
                          grpo_steps=grpo_steps if grpo else 0, grpo_group=grpo_group, grpo_reward=grpo_reward,
                          grpo_contexts=2 if quick else 4, seed=seed, checkpoint_every=checkpoint_every)
     cfg.validate()
@@ -489,6 +551,52 @@ def train_draft(
     summary = _finish_training(out, recipe, data, cfg, draft, history, time.perf_counter() - t0, extra["loss"])
     if as_json:
         _print_json(summary)
+
+
+def _train_eagle(out: Path, model: str, cfg, head_vocab: int, per_category: int, max_examples: Optional[int],
+                 resume: bool, quick: bool) -> dict:
+    """Features (built once, cached), a fresh head, training under a progress bar, model card."""
+    import time
+
+    from mlxspec.targets.loading import load
+    from mlxspec.training import eagle_train as et
+    from mlxspec.training.eagle import new_head, save_head
+    from mlxspec.training.train import peak_memory_gb
+
+    cfg.validate()
+    _check_out_folder(out)
+    t0 = time.perf_counter()
+    target = load(model, "float32")
+    with _progress() as bar:
+        task = bar.add_task("features", total=None)
+        data = et.prepare_features(target, per_category, max_examples, cfg.seed, 128 if quick else 256,
+                                   progress=lambda i, n: bar.update(task, completed=i, total=n))
+    head = new_head(target, et.head_vocabulary(data, head_vocab, target))
+    rows = target.model.model.embed_tokens.weight[head.vocab_ids]
+    with _progress() as bar:
+        task = bar.add_task(f"train eagle {cfg.loss}", total=cfg.steps)
+
+        def on_step(log) -> None:
+            bar.update(task, completed=log.step, description=(
+                f"eagle {cfg.loss} loss {log.loss:.3f} kl {log.kl:.2f} feat {log.feature:.3f} "
+                f"acc1 {log.accept_1:.2f} chain {log.chain:.2f}"))
+
+        history = et.train_head(head, data, rows, cfg, out, resume=resume, on_step=on_step)
+    seconds = time.perf_counter() - t0
+    recipe = (f"mlxspec train-draft --arch eagle --loss {cfg.loss} --window {cfg.k} --temp {cfg.temp:g} "
+              f"--steps {cfg.steps} --batch {cfg.batch} --context {cfg.context} --lr {cfg.lr:g} "
+              f"--feature-weight {cfg.feature_weight:g} --head-vocab {head_vocab} "
+              f"--examples-per-category {per_category}"
+              + (f" --max-examples {max_examples}" if max_examples else "") + f" --seed {cfg.seed} --out {out}")
+    save_head(head, out, card=et.model_card(out.name, recipe, data, cfg, head, history, seconds),
+              extra={"target": target.name, "recipe": recipe})
+    peak = peak_memory_gb()
+    first, last = history[0], history[-1]
+    err.print(f"wrote {out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"
+              f"first-draft acceptance {first.accept_1:.2f} -> {last.accept_1:.2f}; "
+              f"{cfg.k}-chain expected accepted {first.chain:.2f} -> {last.chain:.2f}")
+    return {"out": str(out), "arch": "eagle", "seconds": seconds, "peak_memory_gb": peak, "data": data.meta,
+            "head": head.cfg.to_dict(), "train": cfg.__dict__, "history": [h.__dict__ for h in history]}
 
 
 def _distill_data(target, path: Optional[Path], prompts: int, max_new_tokens: int, head_vocab: int, seed: int):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import mlx.core as mx
 
 from mlxspec.core.cache import rewind
-from mlxspec.core.drafters import Commit, Drafter, Proposal, parse_k
+from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal
 from mlxspec.core.events import Done, Event, Status, Step, Token
 from mlxspec.core.prefill import prefill
 from mlxspec.core.sampling import SamplingParams, probs, sample
@@ -134,9 +134,10 @@ def generate(
     context: int,
     seed: int = 0,
     drafter: Drafter | None = None,
-    k: int = 4,
+    k: int | KPolicy = 4,
 ) -> Iterator[Event]:
-    """Speculative decoding with ``drafter`` (target-only decoding without one).
+    """Speculative decoding with ``drafter`` (target-only decoding without one), drafting ``k``
+    tokens a step, or as many as a ``KPolicy`` asks for each step.
 
     Invariant: the target cache holds every committed token but the last, ``y``. A step feeds
     [y, d_1..d_m] in one pass; row i of its logits judges d_{i+1} and row m gives the bonus.
@@ -145,7 +146,7 @@ def generate(
         yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed)
         return
     limit, reason = _token_budget(prompt, max_tokens, context)
-    k = parse_k(k)
+    policy = FixedK(k) if isinstance(k, int) else k
     t0 = time.perf_counter()
     cache = _start(model, drafter, prompt)
     history, y = list(prompt), prompt[-1]
@@ -156,7 +157,7 @@ def generate(
     while emitted < limit:
         key, draft_key, verify_key = mx.random.split(key, 3)
         # Never draft past what may still be emitted: the verify pass adds one token itself.
-        room = min(k, limit - emitted - 1)
+        room = max(0, min(policy.next_k(), limit - emitted - 1))
 
         t_step = time.perf_counter()
         proposal = drafter.propose(history, room, params, draft_key)
@@ -171,6 +172,7 @@ def generate(
 
         drafted, n, y = proposal.tokens.tolist(), n_acc.item(), nxt.item()
         rewind(cache, len(drafted) - n)
+        policy.observe(len(drafted), n)
         drafter.commit(Commit(drafted, n, y, None if hidden is None else hidden[: n + 1]))
         history += drafted[:n] + [y]
         accepted_lengths.append(n)

@@ -40,6 +40,14 @@ class LlamaConfig:
         return asdict(self)
 
 
+class Unowned:
+    """Something a module uses but does not own (a target's embedding table, an id map), kept
+    outside MLX's parameter tree so it is neither trained nor saved with the module."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
 def rope_at(x: mx.array, positions: mx.array, base: float, traditional: bool) -> mx.array:
     """RoPE at arbitrary per-token positions. x: (B, H, L, D); positions: (L,) integers."""
     dims = x.shape[-1]

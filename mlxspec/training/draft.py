@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxspec.core.model import Block, LlamaConfig
+from mlxspec.core.model import Block, LlamaConfig, Unowned
 from mlxspec.errors import MlxspecError
 
 FORMAT = "mlxspec-draft"
@@ -95,14 +95,6 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
-class _Shared:
-    """Holds something the draft uses but does not own (the target's embedding table, the id
-    map), outside MLX's parameter tree so it is neither trained nor saved."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-
 class DraftModel(nn.Module):
     """``model(tokens, cache)`` -> full-vocabulary logits (-inf outside the head's ids), which
     is what the engine's ``ModelDrafter`` expects; ``reduced_logits`` is what training uses."""
@@ -119,8 +111,8 @@ class DraftModel(nn.Module):
         self.layers = [Block(lc) for _ in range(cfg.num_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.head_vocab, bias=False)
-        self._ids = _Shared(vocab_ids.astype(mx.int32))
-        self._embed = _Shared(embed)
+        self._ids = Unowned(vocab_ids.astype(mx.int32))
+        self._embed = Unowned(embed)
 
     @property
     def vocab_ids(self) -> mx.array:
@@ -177,21 +169,28 @@ def init_from_target(draft: DraftModel, target) -> None:
     draft.load_weights(list(own.items()), strict=True)
 
 
-def save_draft(draft: DraftModel, out: Path, dtype: str = "float16", card: str | None = None,
-               extra: dict[str, Any] | None = None) -> Path:
-    """``config.json`` + ``draft.safetensors`` (+ a model card). Atomic per file."""
+def write_folder(module: nn.Module, vocab_ids: mx.array, out: Path, fmt: str, weights_name: str,
+                 meta: dict[str, Any], dtype: str = "float16", card: str | None = None) -> Path:
+    """A trained module's folder: its own weights (cast to ``dtype``) with the head's vocabulary
+    ids, ``config.json`` with ``meta`` and an optional model card. Atomic per file."""
     out.mkdir(parents=True, exist_ok=True)
     cast = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}[dtype]
-    weights = {k: v.astype(cast) for k, v in tree_flatten(draft.parameters())}
-    weights["vocab_ids"] = draft.vocab_ids
-    tmp = out / (WEIGHTS + ".partial.safetensors")
-    mx.save_safetensors(str(tmp), weights, metadata={"format": FORMAT})
-    tmp.replace(out / WEIGHTS)
-    meta = {"format": FORMAT, "version": 1, "draft": asdict(draft.cfg), **(extra or {})}
-    (out / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+    weights = {k: v.astype(cast) for k, v in tree_flatten(module.parameters())}
+    weights["vocab_ids"] = vocab_ids
+    tmp = out / (weights_name + ".partial.safetensors")
+    mx.save_safetensors(str(tmp), weights, metadata={"format": fmt})
+    tmp.replace(out / weights_name)  # a reader never sees half a file
+    (out / CONFIG).write_text(json.dumps({"format": fmt, "version": 1, **meta}, indent=2) + "\n")
     if card is not None:
         (out / CARD).write_text(card)
     return out
+
+
+def save_draft(draft: DraftModel, out: Path, dtype: str = "float16", card: str | None = None,
+               extra: dict[str, Any] | None = None) -> Path:
+    """``config.json`` + ``draft.safetensors`` (+ a model card)."""
+    return write_folder(draft, draft.vocab_ids, out, FORMAT, WEIGHTS, {"draft": asdict(draft.cfg), **(extra or {})},
+                        dtype, card)
 
 
 def is_draft_folder(path: Path) -> bool:

@@ -16,12 +16,11 @@ from mlx.utils import tree_flatten
 from mlxspec.core.drafters.eagle import EagleConfig, EagleHead
 from mlxspec.core.model import LlamaConfig
 from mlxspec.errors import MlxspecError
-from mlxspec.training.draft import tokenizer_fingerprint
+from mlxspec.training.draft import tokenizer_fingerprint, write_folder
 
 FORMAT = "mlxspec-eagle"
 WEIGHTS = "head.safetensors"
 CONFIG = "config.json"
-CARD = "README.md"
 
 
 def config_for(target: LlamaConfig, tokenizer, head_vocab: int) -> EagleConfig:
@@ -61,18 +60,8 @@ def new_head(target, vocab_ids: mx.array) -> EagleHead:
 
 def save_head(head: EagleHead, out: Path, dtype: str = "float16", card: str | None = None,
               extra: dict[str, Any] | None = None) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    cast = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}[dtype]
-    weights = {k: v.astype(cast) for k, v in tree_flatten(head.parameters())}
-    weights["vocab_ids"] = head.vocab_ids
-    tmp = out / (WEIGHTS + ".partial.safetensors")
-    mx.save_safetensors(str(tmp), weights, metadata={"format": FORMAT})
-    tmp.replace(out / WEIGHTS)  # atomic: a reader never sees half a file
-    meta = {"format": FORMAT, "version": 1, "kind": "eagle", "head": head.cfg.to_dict(), **(extra or {})}
-    (out / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
-    if card is not None:
-        (out / CARD).write_text(card)
-    return out
+    return write_folder(head, head.vocab_ids, out, FORMAT, WEIGHTS,
+                        {"kind": "eagle", "head": head.cfg.to_dict(), **(extra or {})}, dtype, card)
 
 
 def is_head_folder(path: Path) -> bool:

@@ -31,7 +31,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.training import losses as L
 from mlxspec.training.eagle import save_head
 from mlxspec.training.features import FeatureSet
-from mlxspec.training.train import batch_order
+from mlxspec.training.train import batch_order, warmup_cosine
 
 LOSSES = ("kl", "eal", "wtv")
 CHECKPOINT = "checkpoint"
@@ -173,12 +173,6 @@ def objectives(head: EagleHead, batch: dict[str, mx.array], cfg: EagleTrainConfi
     return token + cfg.feature_weight * feat, kl, feat, first, chain
 
 
-def lr_schedule(cfg: EagleTrainConfig) -> Callable[[mx.array], mx.array]:
-    warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, max(cfg.warmup, 1))
-    decay = optim.cosine_decay(cfg.lr, max(cfg.steps - cfg.warmup, 1), cfg.lr * 0.05)
-    return optim.join_schedules([warm, decay], [max(cfg.warmup, 1)])
-
-
 def _save_checkpoint(out: Path, head: EagleHead, opt: optim.Optimizer, step: int, cfg: EagleTrainConfig,
                      history: list[EagleStepLog]) -> None:
     ck = out / CHECKPOINT
@@ -211,7 +205,7 @@ def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: E
     head's vocabulary (frozen). Checkpoints to ``out``; ``resume`` continues exactly."""
     cfg.validate()
     mx.random.seed(cfg.seed)
-    opt = optim.AdamW(learning_rate=lr_schedule(cfg), weight_decay=0.0)
+    opt = optim.AdamW(learning_rate=warmup_cosine(cfg.lr, cfg.warmup, cfg.steps), weight_decay=0.0)
     start, history = _resume(out, head, opt, cfg) if resume else (0, [])
     order = batch_order(len(data.lengths), cfg.steps, cfg.batch, cfg.seed)
     col_of = np.full(int(max(data.argmax.max(), int(head.vocab_ids.max()))) + 1, -1, np.int32)
@@ -252,16 +246,18 @@ def corpus_examples(per_category: int, seed: int) -> tuple[list, dict[str, int]]
     return order, stats
 
 
-def prepare_features(target, per_category: int, seed: int, max_tokens: int,
+def prepare_features(target, per_category: int, max_examples: int | None, seed: int, max_tokens: int,
                      progress: Callable[[int, int], None] | None = None) -> FeatureSet:
-    """Teacher-forced target features over the corpus, cached in ``$MLXSPEC_HOME/eagle-data``."""
+    """Teacher-forced target features over the corpus (the first ``max_examples`` of it, when
+    given, categories still balanced), cached in ``$MLXSPEC_HOME/eagle-data``."""
     from mlxspec.targets import store
     from mlxspec.training.features import build
 
-    if per_category < 1:
-        raise MlxspecError(f"--examples-per-category must be >= 1, got {per_category}")
+    if per_category < 1 or (max_examples is not None and max_examples < 1):
+        raise MlxspecError("--examples-per-category and --max-examples must be >= 1")
     examples, _ = corpus_examples(per_category, seed)
-    return build(target, examples, store.home() / "eagle-data", max_tokens=max_tokens, progress=progress)
+    return build(target, examples[:max_examples], store.home() / "eagle-data", max_tokens=max_tokens,
+                 progress=progress)
 
 
 def head_vocabulary(data: FeatureSet, size: int, target) -> mx.array:

@@ -88,10 +88,15 @@ class StepLog:
     reward: float | None = None
 
 
+def warmup_cosine(lr: float, warmup: int, steps: int) -> Callable[[mx.array], mx.array]:
+    """Linear warm-up from 1% of ``lr``, then cosine decay to 10% of it."""
+    warm = optim.linear_schedule(lr * 0.01, lr, max(warmup, 1))
+    decay = optim.cosine_decay(lr, max(steps - warmup, 1), lr * 0.1)
+    return optim.join_schedules([warm, decay], [max(warmup, 1)])
+
+
 def lr_schedule(cfg: TrainConfig) -> Callable[[mx.array], mx.array]:
-    warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, max(cfg.warmup, 1))
-    decay = optim.cosine_decay(cfg.lr, max(cfg.steps - cfg.warmup, 1), cfg.lr * 0.1)
-    return optim.join_schedules([warm, decay], [max(cfg.warmup, 1)])
+    return warmup_cosine(cfg.lr, cfg.warmup, cfg.steps)
 
 
 def objectives(draft: DraftModel, batch: dict[str, mx.array], cfg: TrainConfig, lam: float):

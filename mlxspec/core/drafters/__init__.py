@@ -5,8 +5,8 @@
 * ``ngram``: prompt lookup, no weights; deterministic, so its q is a point mass.
 """
 
-from mlxspec.core.drafters.base import MAX_K, NO_DRAFT, Commit, Drafter, Proposal, parse_k
+from mlxspec.core.drafters.base import MAX_K, NO_DRAFT, Commit, Drafter, FixedK, KPolicy, Proposal, parse_k
 from mlxspec.core.drafters.model import ModelDrafter
 from mlxspec.core.drafters.ngram import NgramDrafter
 
-__all__ = ["MAX_K", "NO_DRAFT", "Commit", "Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "parse_k"]
+__all__ = ["MAX_K", "NO_DRAFT", "Commit", "Drafter", "FixedK", "KPolicy", "ModelDrafter", "NgramDrafter", "Proposal", "parse_k"]

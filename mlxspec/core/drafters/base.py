@@ -65,6 +65,29 @@ class Drafter(Protocol):
         """Roll back to what the target kept."""
 
 
+class KPolicy(Protocol):
+    """Chooses how many tokens to draft each step (``--k auto``); 0 means a plain target step."""
+
+    def next_k(self) -> int:
+        """K for the coming step, before the engine caps it by the tokens still allowed."""
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """What the step just verified did: ``drafted`` proposed, ``accepted`` of them kept."""
+
+
+class FixedK:
+    """The same K every step: what ``--k N`` means."""
+
+    def __init__(self, k: int):
+        self.k = parse_k(k)
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
 def parse_k(k: int) -> int:
     if not 1 <= k <= MAX_K:
         raise MlxspecError(f"--k must be in 1..{MAX_K}, got {k}")

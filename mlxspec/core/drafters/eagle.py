@@ -23,7 +23,7 @@ from mlx_lm.models.cache import KVCache
 
 from mlxspec.core.cache import check_trimmable, rewind
 from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal
-from mlxspec.core.model import Block, LlamaConfig
+from mlxspec.core.model import Block, LlamaConfig, Unowned
 from mlxspec.core.sampling import SamplingParams, probs, sample
 
 
@@ -54,14 +54,6 @@ class EagleConfig:
         return asdict(self)
 
 
-class _Shared:
-    """Something the head uses but does not own (the target's embedding), kept outside MLX's
-    parameter tree so it is neither trained nor saved."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-
 class EagleHead(nn.Module):
     """``head(features, tokens, cache)`` -> (predicted next features, logits over ``vocab_ids``).
 
@@ -75,8 +67,8 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=False)
         self.block = Block(cfg.block_config())
         self.lm_head = nn.Linear(d, cfg.head_vocab, bias=False)
-        self._ids = _Shared(vocab_ids.astype(mx.int32))
-        self._embed = _Shared(embed)
+        self._ids = Unowned(vocab_ids.astype(mx.int32))
+        self._embed = Unowned(embed)
 
     @property
     def vocab_ids(self) -> mx.array:
