@@ -13,7 +13,7 @@ from rich.style import Style
 from rich.text import Text
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
-from mlxspec.core.events import Status, Step
+from mlxspec.core.events import Status, Step, Token
 from tui.chat.app import ChatApp
 from tui.chat.fake import SCRIPT, FakeSource
 from tui.chat.messages import Piece, StepData, TurnResult
@@ -85,7 +85,8 @@ def _step(k: int, accepted: int, t: float, emitted: int | None = None, draft_ms=
     n = accepted + 1 if emitted is None else emitted
     pieces = tuple([Piece("a", Status.ACCEPTED)] * accepted + [Piece("r", Status.REJECTED)] * (k - accepted)
                    + [Piece("c", Status.CORRECTED if accepted < k else Status.BONUS)] * (n - accepted))
-    return StepData(pieces, k, accepted, draft_ms, verify_ms, t)
+    step = Step([Token(i, p.status) for i, p in enumerate(pieces)], k, accepted, draft_ms, verify_ms, room=k)
+    return StepData(pieces, step, t)
 
 
 def test_turn_stats():

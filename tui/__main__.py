@@ -11,12 +11,17 @@ from .chat.app import ChatApp, run_chat
 from .chat.source import Settings
 
 
+def _k_arg(text: str) -> int | str:
+    """``auto`` or an integer; the range is checked by ``run_chat``, with the CLI's message."""
+    return "auto" if text.strip().lower() == "auto" else int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tui", description="mlxspec chat: speculative decoding, live.")
     # the same option names as `mlxspec chat`
     ap.add_argument("--model", "-m", default="default", help="registry name, .gguf file or mlx-lm folder")
     ap.add_argument("--draft", "-d", default="default", help="default, none, ngram[:N], self:L or a draft path")
-    ap.add_argument("--k", "-k", type=int, default=4, help="draft tokens per step")
+    ap.add_argument("--k", "-k", type=_k_arg, default="auto", help="draft tokens per step: auto (the default) or 1..64")
     ap.add_argument("--temp", "-t", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     ap.add_argument("--max-tokens", "-n", type=int, default=512, help="new tokens per answer")

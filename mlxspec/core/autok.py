@@ -86,7 +86,8 @@ class AutoK:
     """A ``KPolicy`` that picks K in 0..max_k maximising expected tokens per second (see the
     module docstring). ``cost``: a ``CostCurve`` or ms of a target pass over 1, 2, ... tokens
     (extended linearly to max_k+1 tokens if shorter). ``draft_ms_per_token``: None to start from
-    ``draft_prior_ratio`` x c(0) until a timing is observed. ``probe_every=None`` never probes."""
+    ``draft_prior_ratio`` x c(0) until a timing is observed. ``probe_every=None`` never probes.
+    The curve is made non-decreasing (running maximum): a dip in it is measurement noise."""
 
     def __init__(self, cost: Any, draft_ms_per_token: float | None = None, max_k: int = DEFAULT_MAX_K,
                  prior: float = PRIOR, prior_weight: float = PRIOR_WEIGHT, forget: float = FORGET,
@@ -100,7 +101,9 @@ class AutoK:
             raise MlxspecError(f"auto K: draft ms per token must be >= 0, got {draft_ms_per_token}")
         if probe_every is not None and probe_every < 1:
             raise MlxspecError(f"auto K: probe_every must be >= 1 or None, got {probe_every}")
-        self.cost = extend_curve(curve_ms(cost), max_k + 1)
+        # A longer pass never costs less: a dip in the measured curve is noise, so take the running max.
+        ms = curve_ms(cost)
+        self.cost = extend_curve([max(ms[: i + 1]) for i in range(len(ms))], max_k + 1)
         self.max_k, self.prior, self.prior_weight, self.forget = max_k, prior, prior_weight, forget
         self.timing_rate, self.probe_every, self.probe_max = timing_rate, probe_every, max(probe_max, probe_every or 1)
         self.draft_prior_ratio = draft_prior_ratio

@@ -173,6 +173,7 @@ def generate(
         drafted, n, y = proposal.tokens.tolist(), n_acc.item(), nxt.item()
         rewind(cache, len(drafted) - n)
         policy.observe(len(drafted), n)
+        policy.observe_timing((t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3, len(drafted))
         drafter.commit(Commit(drafted, n, y, None if hidden is None else hidden[: n + 1]))
         history += drafted[:n] + [y]
         accepted_lengths.append(n)

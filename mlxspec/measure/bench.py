@@ -60,6 +60,7 @@ from mlxspec.measure.runs import (
     spec_bench_prompts,
     timed_tokens,
 )
+from mlxspec.measure.costcurve import k_policy
 from mlxspec.measure.verdict import (
     Comparison,
     Kind,
@@ -402,6 +403,7 @@ NGRAM_NO_PEER = ("mlx-lm's speculative decoding needs a draft model; prompt look
                  "has no mlx-lm equivalent")
 MLX_LM_NOTE = ("accepted tokens per step rebuilt from stream_generate's from_draft flags; at T > 0 "
                "mlx-lm accepts a draft only if the target's sampled token equals it")
+MLX_LM_K_WITH_AUTO = 4  # mlx-lm has no auto K: its peer drafts this many under --k auto
 
 
 @dataclass(frozen=True)
@@ -739,7 +741,7 @@ def verdicts(results: Sequence[TempResult], draft: str, k: int) -> list[Verdict]
 @dataclass(frozen=True)
 class SpecSettings:
     draft: str
-    k: int
+    k: int | str  # or "auto" (``core.autok``)
     temps: list[float]
     categories: list[str]
     per_category: int | None
@@ -751,6 +753,7 @@ class SpecSettings:
     with_mlx_lm: bool
     prompts_file: str | None
     headline: str = "end-to-end tokens/s = generated tokens / (prefill_s + decode_s)"
+    mlx_lm_k: int | None = None  # K of mlx-lm's peer (``MLX_LM_K_WITH_AUTO`` under --k auto)
 
 
 @dataclass(frozen=True)
@@ -778,13 +781,17 @@ class SpecBenchResult:
 Runner = Callable[[str, float, list[int], int], Run]
 
 
-def _spec_runner(lm, drafter, stop: set[int], params_of: dict[float, Any], peer: Peer, k: int, seed: int) -> Runner:
-    """run(method, temperature, prompt ids, max tokens) for every method of the benchmark."""
+def _spec_runner(lm, drafter, stop: set[int], params_of: dict[float, Any], peer: Peer, k: Any, seed: int) -> Runner:
+    """run(method, temperature, prompt ids, max tokens) for every method of the benchmark. ``k``:
+    an int, or an ``AutoK`` whose ``fresh()`` copy each speculative run starts from (mlx-lm's
+    peer then drafts ``MLX_LM_K_WITH_AUTO``)."""
+    fixed = k if isinstance(k, int) else MLX_LM_K_WITH_AUTO
 
     def run(method: str, t: float, p: list[int], n: int) -> Run:
         if method == "mlx_lm":
-            return mlx_lm_run(peer.target, peer.draft, lm.tokenizer, p, t, n, k, seed)
-        return engine_run(lm, p, params_of[t], n, stop, seed, drafter if method == "spec" else None, k)
+            return mlx_lm_run(peer.target, peer.draft, lm.tokenizer, p, t, n, fixed, seed)
+        policy = k if isinstance(k, int) else k.fresh()
+        return engine_run(lm, p, params_of[t], n, stop, seed, drafter if method == "spec" else None, policy)
 
     return run
 
@@ -822,10 +829,11 @@ def _time_spec_runs(run: Runner, methods: list[str], temps: Sequence[float], ite
     return runs
 
 
-def _check_spec_args(k: int, max_tokens: int, warmup: int, repeats: int, temps: Sequence[float]) -> tuple[int, tuple[float, ...]]:
-    from mlxspec.core.drafters import parse_k
+def _check_spec_args(k: int | str, max_tokens: int, warmup: int, repeats: int,
+                     temps: Sequence[float]) -> tuple[int | str, tuple[float, ...]]:
+    from mlxspec.core.autok import parse_k_option
 
-    k = parse_k(k)
+    k = parse_k_option(k)
     if max_tokens < 1:
         raise MlxspecError(f"max_tokens must be >= 1, got {max_tokens}")
     if repeats < 1 or warmup < 0:
@@ -839,7 +847,7 @@ def _check_spec_args(k: int, max_tokens: int, warmup: int, repeats: int, temps: 
 def spec_bench(
     model_spec: Any = "default",
     draft: str = "ngram:3",
-    k: int = 4,
+    k: int | str = 4,
     temps: tuple[float, ...] = (0.0, 1.0),
     categories: list[str] | tuple[str, ...] | None = None,
     per_category: int = 2,
@@ -851,6 +859,7 @@ def spec_bench(
     seed: int = 0,
     progress: Progress = None,
     dtype: str = "auto",
+    remeasure_cost: bool = False,
 ) -> SpecBenchResult:
     """Speculative (``draft``, ``k``) against target-only decoding of ``model_spec`` (a spec for
     ``loading.load`` or an already loaded ``LoadedModel``), per Spec-Bench category and overall,
@@ -887,15 +896,18 @@ def spec_bench(
     lm, drafter, stop, ids = prepare_speculative_run(
         model_spec, draft, dtype, items, max_tokens, no_drafter="spec_bench needs a drafter (got 'none')")
     peer = mlx_lm_peer(lm, draft, drafter) if with_mlx_lm else Peer(reason="not requested (with_mlx_lm=False)")
-    run = _spec_runner(lm, drafter, stop, params_of, peer, k, seed)
+    policy = k_policy(k, lm, drafter, remeasure_cost, log=(lambda s: progress(0, None, s)) if progress else None)
+    width = policy if isinstance(policy, int) else policy.max_k  # draft positions reported
+    run = _spec_runner(lm, drafter, stop, params_of, peer, policy, seed)
     methods = ["target", "spec"] + (["mlx_lm"] if peer.target is not None else [])
     runs = _time_spec_runs(run, methods, temps, items, ids, max_tokens, warmup, repeats, progress)
 
     cats = list(dict.fromkeys(it["category"] for it in items))
-    results = [temp_result(runs, t, cats, k) for t in temps]
+    results = [temp_result(runs, t, cats, width) for t in temps]
     settings = SpecSettings(draft, k, list(temps), cats, per_category if prompts_file is None else None, max_tokens,
                             warmup, min(max_tokens, WARMUP_TOKENS), repeats, seed, with_mlx_lm,
-                            str(prompts_file) if prompts_file is not None else None)
+                            str(prompts_file) if prompts_file is not None else None,
+                            mlx_lm_k=k if isinstance(k, int) else MLX_LM_K_WITH_AUTO)
     return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
                            verdicts(results, draft, k))
 

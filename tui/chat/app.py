@@ -25,6 +25,7 @@ from textual.worker import get_current_worker
 
 from mlxspec.core.events import Done, Step
 from mlxspec.errors import MlxspecError
+from mlxspec.measure.runs import RunCollector
 
 from ..threads import wait_for_thread_exit
 from .messages import (
@@ -36,9 +37,11 @@ from .messages import (
     TurnFailed,
     TurnResult,
     step_data,
+    turn_result,
 )
 from .source import (
     DRAFTERS,
+    AUTO,
     K_MAX,
     K_MIN,
     TEMPERATURES,
@@ -80,6 +83,7 @@ class ChatApp(App[None], inherit_bindings=False):
     BINDINGS = [
         Binding("ctrl+k", "change_k(1)", "K+"),
         Binding("ctrl+j", "change_k(-1)", "K-"),
+        Binding("ctrl+o", "toggle_auto_k", "auto K"),
         Binding("ctrl+s", "toggle_speculation", "spec"),
         Binding("ctrl+t", "cycle_temperature", "temp"),
         Binding("ctrl+d", "cycle_drafter", "drafter"),
@@ -115,6 +119,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self._unshown: list[StepData] = []  # steps received, not drawn yet
         self._show_timer: Timer | None = None
         self.render_delay = RENDER_DELAY
+        self._fixed_k = settings.k if isinstance(settings.k, int) else 4  # what ^o returns to from auto
         self.worker_thread_id: int | None = None  # the OS thread that owns the models
 
     # ------------------------------------------------------------------ layout
@@ -169,16 +174,17 @@ class ChatApp(App[None], inherit_bindings=False):
 
     def _serve(self, request: TurnRequest, worker) -> TurnResult:
         decoder = self.source.decoder()
+        run = RunCollector()
         events = self.source.events(request.messages, request.settings)
         for event in events:
+            run.add(event)
             if isinstance(event, Step):
                 self.post_message(StepGenerated(request.turn, step_data(event, decoder, self.clock())))
                 if request.stop.is_set() or worker.is_cancelled:
                     getattr(events, "close", lambda: None)()
                     return TurnResult("stopped", decoder.finish())
             elif isinstance(event, Done):
-                return TurnResult(event.stop_reason, decoder.finish(), event.prompt_tokens,
-                                  event.generated_tokens, event.decode_tps)
+                return turn_result(run.run(), decoder.finish())
         return TurnResult("stopped", decoder.finish())
 
     # ------------------------------------------------------------------ worker messages
@@ -259,13 +265,23 @@ class ChatApp(App[None], inherit_bindings=False):
         settings = replace(self.settings, seed=self.settings.seed + self.turn)
         self.transcript.add_user(text)
         self.answer = self.transcript.add_answer(settings.label, self.show_rejected)
-        self.stats = TurnStats(started=self.clock(), k=settings.k if settings.drafter != "none" else 0)
+        self.stats = TurnStats(started=self.clock(), k=settings.turn_k)
         self.running = TurnRequest(self.turn, list(self.history), settings, threading.Event())
         self._requests.put(self.running)
         self._refresh_stats()
 
     def action_change_k(self, delta: int) -> None:
-        self.settings = replace(self.settings, k=max(K_MIN, min(K_MAX, self.settings.k + delta)))
+        """K+/K-; from auto, a fixed K next to the last fixed one."""
+        k = self.settings.k
+        base = self._fixed_k if k == AUTO else k
+        self.settings = replace(self.settings, k=max(K_MIN, min(K_MAX, base + delta)))
+
+    def action_toggle_auto_k(self) -> None:
+        """Auto K on, or back to the last fixed K."""
+        k = self.settings.k
+        if k != AUTO:
+            self._fixed_k = k
+        self.settings = replace(self.settings, k=self._fixed_k if k == AUTO else AUTO)
 
     def action_toggle_speculation(self) -> None:
         s = self.settings
@@ -335,15 +351,15 @@ class ChatApp(App[None], inherit_bindings=False):
         self.query_one(StatsPanel).show(self.stats, self.settings, self.baseline, self.running is not None)
 
 
-def run_chat(target: str = "default", draft: str = "default", k: int = 4, temp: float = 0.0,
-             top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto") -> None:
+def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float = 0.0,
+             top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False) -> None:
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
     starts; a model that fails to load is reported inside the UI."""
-    from mlxspec.core.drafters import parse_k
+    from mlxspec.core.autok import parse_k_option
     from mlxspec.core.sampling import SamplingParams
     from mlxspec.runtime import DTYPES
 
-    parse_k(k)
+    k = parse_k_option(k)
     SamplingParams(temp, top_p)
     if dtype not in DTYPES:
         raise MlxspecError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
@@ -351,6 +367,7 @@ def run_chat(target: str = "default", draft: str = "default", k: int = 4, temp: 
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=temp,
                         top_p=top_p, max_tokens=max_tokens)
-    app = ChatApp(ModelSource(target, dtype), settings, loading_label=f"model {target!r}")
+    app = ChatApp(ModelSource(target, dtype, auto_k=k == AUTO, remeasure_cost=remeasure_cost), settings,
+                  loading_label=f"model {target!r}")
     app.run()
     app.wait_for_worker_exit()

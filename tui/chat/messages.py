@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from mlxspec.core.events import Status, Step
+from mlxspec.measure.runs import Run
 
 from .source import ModelInfo, TextDecoder
 
@@ -26,12 +27,21 @@ class Piece:
 
 @dataclass(frozen=True)
 class StepData:
+    """The engine's step as it came (what ``TurnStats`` collects) with its text pieces."""
+
     pieces: tuple[Piece, ...]  # one per engine token, rejected drafts included
-    k: int  # tokens drafted
-    accepted: int  # drafted tokens kept
-    draft_ms: float
-    verify_ms: float
+    step: Step
     t: float  # the app clock when the worker received the step
+
+    @property
+    def k(self) -> int:
+        """Tokens drafted."""
+        return self.step.k
+
+    @property
+    def accepted(self) -> int:
+        """Drafted tokens kept."""
+        return self.step.accepted
 
     @property
     def emitted(self) -> int:
@@ -44,7 +54,12 @@ class TurnResult:
     tail: str  # text the streaming decoder still held at the end
     prompt_tokens: int | None = None
     generated_tokens: int | None = None
-    decode_tps: float | None = None  # the engine's own measurement (None when stopped)
+    decode_tps: float | None = None  # the run's decode tokens/s (None when stopped)
+
+
+def turn_result(run: Run, tail: str) -> TurnResult:
+    """What a turn that ran to its ``Done`` ended with, from its run."""
+    return TurnResult(run.stop_reason, tail, run.prompt_tokens, run.generated_tokens, run.decode_tps)
 
 
 def step_data(step: Step, decoder: TextDecoder, t: float) -> StepData:
@@ -53,7 +68,7 @@ def step_data(step: Step, decoder: TextDecoder, t: float) -> StepData:
         Piece(decoder.alone(tok.id) if tok.status is Status.REJECTED else decoder.add(tok.id), tok.status)
         for tok in step.tokens
     )
-    return StepData(pieces, step.k, step.accepted, step.draft_ms, step.verify_ms, t)
+    return StepData(pieces, step, t)
 
 
 class ModelReady(Message):

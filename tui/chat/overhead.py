@@ -5,8 +5,8 @@ decoding, as ``mlxspec generate`` does) and inside the chat app, alternating (AB
     python -m tui.chat.overhead --terminal            # the app drawing to this terminal (run it in tmux)
 
 Reported per run:
-* decode tokens/s: the engine's own ``Done.decode_tps``, wall clock, so whatever the app costs
-  between steps counts against it. On a shared machine other processes move it by +-20%.
+* decode tokens/s: the run's ``Run.decode_tps`` (the engine's timings), wall clock, so whatever
+  the app costs between steps counts against it. On a shared machine other processes move it by +-20%.
 * process CPU ms per generated token (all threads: BLAS, worker, UI): what the UI adds on top
   of generation, and much less sensitive to other processes' load.
 * UI-thread CPU ms per step (app runs).
@@ -25,6 +25,7 @@ import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.engine import generate
 from mlxspec.core.events import Done, Status, Step
 from mlxspec.core.sampling import SamplingParams
+from mlxspec.measure.runs import RunCollector
 from mlxspec.targets.drafts import make_drafter
 from mlxspec.targets.tokenizer import encode_prompt
 
@@ -42,8 +43,10 @@ def headless_run(lm, settings: Settings) -> dict:
     detok.reset()
     drafter = make_drafter(settings.drafter, lm, lm.dtype)
     cpu = time.process_time()
+    run = RunCollector()
     for ev in generate(lm.model, ids, SamplingParams(settings.temp), settings.max_tokens, set(),
                        lm.context_length, 0, drafter, settings.k):
+        run.add(ev)
         if isinstance(ev, Step):
             for t in ev.tokens:
                 if t.status is Status.REJECTED:
@@ -52,7 +55,8 @@ def headless_run(lm, settings: Settings) -> dict:
                     detok.add_token(t.id)
         elif isinstance(ev, Done):
             cpu = time.process_time() - cpu
-            return {"tps": ev.decode_tps, "cpu_ms_per_token": cpu * 1e3 / ev.generated_tokens}
+            r = run.run()
+            return {"tps": r.decode_tps, "cpu_ms_per_token": cpu * 1e3 / r.generated_tokens}
     raise RuntimeError("no Done event")
 
 

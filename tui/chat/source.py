@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
 from mlxspec.core.drafters import MAX_K
-from mlxspec.core.events import Event, Step
+from mlxspec.core.events import Event
 
 if TYPE_CHECKING:
     from mlxspec.core.drafters import Drafter
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 DRAFTERS: tuple[str, ...] = ("default", "none", "ngram:3", "self:8")
 TEMPERATURES: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0)
 K_MIN, K_MAX = 1, MAX_K
+AUTO = "auto"  # K chosen every step (``core.autok``)
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Settings:
     """What the next turn runs with. The keys change it; a running turn keeps its own."""
 
     draft: str = "default"
-    k: int = 4
+    k: int | str = 4  # or AUTO
     speculate: bool = True
     temp: float = 0.0
     top_p: float = 1.0
@@ -42,6 +43,15 @@ class Settings:
     def drafter(self) -> str:
         """The drafter a turn actually uses: ``none`` while speculation is off."""
         return self.draft if self.speculate else "none"
+
+    @property
+    def turn_k(self) -> int:
+        """The most a turn drafts per step (auto: up to ``autok.DEFAULT_MAX_K``); 0 target-only."""
+        from mlxspec.core.autok import DEFAULT_MAX_K
+
+        if self.drafter == "none":
+            return 0
+        return DEFAULT_MAX_K if self.k == AUTO else int(self.k)
 
     @property
     def label(self) -> str:
@@ -116,11 +126,15 @@ class ModelSource:
     """The real models: ``loading.load(target)`` and the engine, drafters made on demand."""
 
     def __init__(self, target: str = "default", dtype: str = "auto", *,
-                 loaded: LoadedModel | None = None, baseline_tokens: int = 8):
+                 loaded: LoadedModel | None = None, baseline_tokens: int = 8,
+                 auto_k: bool = False, remeasure_cost: bool = False):
         self.target, self.dtype = target, dtype
         self.lm = loaded
         self.baseline_tokens = baseline_tokens  # 0: do not measure
+        self.auto_k = auto_k  # load() then readies the verify-cost curve (measured once, cached)
+        self.remeasure_cost = remeasure_cost
         self._drafters: dict[str, Drafter | None] = {}
+        self._policies: dict[str, object] = {}  # one AutoK per drafter, learning across turns
 
     def load(self) -> ModelInfo:
         from mlxspec import runtime
@@ -128,6 +142,8 @@ class ModelSource:
 
         if self.lm is None:
             self.lm = loading.load(self.target, self.dtype)
+        if self.auto_k:
+            self.cost_curve()
         return ModelInfo(self.lm.name, self.lm.dtype, self.lm.context_length,
                          runtime.backend_description(), runtime.device_name(), self.measure_baseline())
 
@@ -136,22 +152,48 @@ class ModelSource:
         Also warms the model up."""
         from mlxspec.core.engine import generate_plain
         from mlxspec.core.sampling import SamplingParams
+        from mlxspec.measure.runs import collect_run
         from mlxspec.targets.tokenizer import encode_prompt
 
         if self.baseline_tokens < 2:
             return None
         lm = self.lm
         ids = encode_prompt(lm.tokenizer, "Hello! Who are you?")
-        steps = [e for e in generate_plain(lm.model, ids, SamplingParams(), self.baseline_tokens, set(),
-                                           lm.context_length) if isinstance(e, Step)]
+        run = collect_run(generate_plain(lm.model, ids, SamplingParams(), self.baseline_tokens, set(),
+                                         lm.context_length))
         _settle()
-        return statistics.median(s.verify_ms for s in steps[1:])
+        return statistics.median(run.verify_ms[1:])
 
     def close(self) -> None:
         _settle()
 
     def decoder(self) -> TextDecoder:
         return _StreamDecoder(self.lm.tokenizer)
+
+    def cost_curve(self):
+        """This machine's verify-cost curve for the target (``--k auto``), measured only once
+        (and with ``--remeasure-cost`` measured again, once)."""
+        from mlxspec.core.autok import DEFAULT_MAX_K
+        from mlxspec.measure.costcurve import cost_curve
+
+        curve = cost_curve(self.lm, DEFAULT_MAX_K + 1, self.remeasure_cost, log=None)
+        self.remeasure_cost = False
+        return curve
+
+    def k_policy(self, settings: Settings, drafter: Drafter | None):
+        """What the engine takes as K: the fixed K, or the drafter's ``AutoK`` (kept across
+        turns, so its acceptance estimate follows the conversation)."""
+        from mlxspec.core.autok import AutoK
+        from mlxspec.measure.costcurve import k_policy
+
+        if settings.k != AUTO or drafter is None:
+            return settings.k if settings.k != AUTO else 4
+        if settings.drafter not in self._policies:
+            self._policies[settings.drafter] = k_policy(AUTO, self.lm, drafter, self.remeasure_cost, log=None)
+            self.remeasure_cost = False
+        policy = self._policies[settings.drafter]
+        assert isinstance(policy, AutoK)
+        return policy
 
     def drafter(self, spec: str) -> Drafter | None:
         from mlxspec.targets.drafts import make_drafter
@@ -170,7 +212,7 @@ class ModelSource:
         drafter = self.drafter(settings.drafter)
         ids = encode_prompt(lm.tokenizer, messages)
         events = generate(lm.model, ids, params, settings.max_tokens, stop_token_ids(lm.tokenizer),
-                          lm.context_length, settings.seed, drafter, settings.k)
+                          lm.context_length, settings.seed, drafter, self.k_policy(settings, drafter))
         try:
             yield from events
         finally:

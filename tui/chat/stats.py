@@ -1,10 +1,13 @@
-"""Live statistics of one turn, computed from the steps the worker posted. Pure Python."""
+"""Live statistics of one turn, computed from the steps the worker posted (the engine's
+``Step`` events, collected by ``RunCollector`` as every run is). Pure Python."""
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+
+from mlxspec.measure.runs import RunCollector, acceptance_by_position
 
 from .messages import StepData, TurnResult
 
@@ -29,25 +32,27 @@ class TurnStats:
     k: int = 0  # the turn's K (0: target-only); positions and lengths are shown up to it
     steps: list[StepData] = field(default_factory=list)
     result: TurnResult | None = None
+    collector: RunCollector = field(default_factory=RunCollector)  # the run so far
 
     def add(self, step: StepData) -> None:
         self.steps.append(step)
+        self.collector.add(step.step)
 
     @property
     def tokens(self) -> int:
-        return sum(s.emitted for s in self.steps)
+        return len(self.collector.tokens)
 
     @property
     def drafted(self) -> int:
-        return sum(s.k for s in self.steps)
+        return sum(self.collector.drafted)
 
     @property
     def accepted(self) -> int:
-        return sum(s.accepted for s in self.steps)
+        return sum(self.collector.accepted)
 
     @property
     def target_only(self) -> bool:
-        return bool(self.steps) and all(s.k == 0 for s in self.steps)
+        return bool(self.steps) and not any(self.collector.drafted)
 
     def tps_now(self, window: int = NOW_WINDOW) -> float | None:
         """Tokens per second over the last ``window`` steps (wall clock)."""
@@ -58,53 +63,60 @@ class TurnStats:
         return sum(s.emitted for s in w[1:]) / dt if dt > 0 else None
 
     def tps_turn(self) -> float | None:
-        """The engine's decode tokens/s once the turn is done; until then the same measure
-        from the steps so far (tokens after the first step over the time since it)."""
+        """The run's decode tokens/s (``Run.decode_tps``) once the turn is done; until then the
+        same measure from the steps so far (tokens after the first step over the time since it)."""
         if self.result is not None and self.result.decode_tps:
             return self.result.decode_tps
         if len(self.steps) < 2:
             return None
         dt = self.steps[-1].t - self.steps[0].t
-        return (self.tokens - self.steps[0].emitted) / dt if dt > 0 else None
+        return (self.tokens - (self.collector.first_step_tokens or 0)) / dt if dt > 0 else None
 
     def accepted_per_step(self) -> float | None:
         """Mean accepted draft length per step (all steps, as the CLI reports it)."""
-        return self.accepted / len(self.steps) if self.steps else None
+        steps = len(self.collector.accepted)
+        return self.accepted / steps if steps else None
 
     def tokens_per_step(self) -> float | None:
-        return self.tokens / len(self.steps) if self.steps else None
+        steps = len(self.collector.accepted)
+        return self.tokens / steps if steps else None
 
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
 
+    def k_now(self) -> int | None:
+        """K drafted by the latest step (under auto K it changes step by step; 0: no drafting)."""
+        return self.steps[-1].step.k if self.steps else None
+
+    def mean_k(self) -> float | None:
+        d = self.collector.drafted
+        return statistics.fmean(d) if d else None
+
     @property
     def k_max(self) -> int:
-        return max(self.k, max((s.k for s in self.steps), default=0))
+        return max(self.k, max(self.collector.drafted, default=0))
 
     def position_rates(self) -> list[tuple[int, float | None]]:
         """For each draft position i = 1..K: how often it was accepted, over the steps that
         drafted at least i tokens (None while no step has)."""
-        rates = []
-        for i in range(1, self.k_max + 1):
-            tried = [s for s in self.steps if s.k >= i]
-            rates.append((i, sum(s.accepted >= i for s in tried) / len(tried) if tried else None))
-        return rates
+        c = self.collector
+        return list(enumerate(acceptance_by_position(c.accepted, c.drafted, self.k_max), 1))
 
     def length_histogram(self) -> list[tuple[int, int]]:
         """(accepted length, number of speculative steps) for every length 0..K."""
-        counts = Counter(s.accepted for s in self.steps if s.k > 0)
+        counts = Counter(a for a, d in zip(self.collector.accepted, self.collector.drafted) if d > 0)
         return [(n, counts[n]) for n in range(self.k_max + 1)] if self.k_max else []
 
     def mean_draft_ms(self) -> float | None:
-        return statistics.fmean(s.draft_ms for s in self.steps) if self.steps else None
+        return statistics.fmean(self.collector.draft_ms) if self.collector.draft_ms else None
 
     def mean_verify_ms(self) -> float | None:
-        return statistics.fmean(s.verify_ms for s in self.steps) if self.steps else None
+        return statistics.fmean(self.collector.verify_ms) if self.collector.verify_ms else None
 
     def median_verify_ms(self) -> float | None:
         """Target-only ms per token, when this was a target-only turn (first step excluded)."""
-        later = self.steps[1:]
-        return statistics.median(s.verify_ms for s in later) if later and self.target_only else None
+        later = self.collector.verify_ms[1:]
+        return statistics.median(later) if later and self.target_only else None
 
     def speedup(self, baseline: Baseline) -> float | None:
         """Measured tokens/s of this turn over the target-only baseline's."""

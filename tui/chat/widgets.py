@@ -229,6 +229,8 @@ def render_stats(stats: TurnStats | None, settings: Settings, baseline: Baseline
 
     head("\nSpeculation")
     row("steps", str(len(s.steps)) if s else "–")
+    k_now = s and s.k_now()
+    row("K in use", "–" if k_now is None else f"{k_now}  (mean {s.mean_k():.1f})")
     row("accepted/step", _num(s and s.accepted_per_step(), ".2f"))
     row("tokens/step", _num(s and s.tokens_per_step(), ".2f"))
     rate = s and s.acceptance_rate()

@@ -74,6 +74,9 @@ class KPolicy(Protocol):
     def observe(self, drafted: int, accepted: int) -> None:
         """What the step just verified did: ``drafted`` proposed, ``accepted`` of them kept."""
 
+    def observe_timing(self, draft_ms: float, verify_ms: float, drafted: int) -> None:
+        """How long that step's drafting and verification took."""
+
 
 class FixedK:
     """The same K every step: what ``--k N`` means."""
@@ -85,6 +88,9 @@ class FixedK:
         return self.k
 
     def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+    def observe_timing(self, draft_ms: float, verify_ms: float, drafted: int) -> None:
         pass
 
 

@@ -1,0 +1,171 @@
+"""The verify-cost curve of a target on this machine: the milliseconds of one target pass over L
+tokens, L = 1..max_k+1, on a cache already holding a realistic context. ``--k auto`` weighs
+expected accepted tokens against it (``core.autok``).
+
+Measured with ``sweep.time_verify`` (two untimed passes per length, then ``reps`` rounds over
+all lengths in rotating order, cache trimmed back after every pass; medians), once per target,
+dtype and device, and cached as JSON in ``$MLXSPEC_HOME/costcurves/<target>-<dtype>-<device>.json``;
+``remeasure=True`` (``--remeasure-cost``) measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxspec.errors import MlxspecError
+
+SCHEMA = 1
+CONTEXT_TOKENS = 256  # tokens in the cache while timing: a chat turn's worth
+REPS = 5
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """ms[L-1]: median ms of one target pass over L tokens; ms_all: every timing."""
+
+    target: str
+    dtype: str
+    device: str
+    context_tokens: int
+    reps: int
+    ms: list[float]
+    ms_all: list[list[float]] = field(default_factory=list)
+    measured: str = ""  # local time of the measurement
+    seconds: float = 0.0  # how long measuring took
+    schema: int = SCHEMA
+
+    @property
+    def max_tokens(self) -> int:
+        return len(self.ms)
+
+    @property
+    def ratios(self) -> list[float]:
+        """Cost of each pass length in one-token passes."""
+        return [m / self.ms[0] for m in self.ms]
+
+    def verify_ms(self, k: int) -> float:
+        """ms of the pass that verifies ``k`` drafts (k+1 tokens), extrapolated past the end."""
+        from mlxspec.core.autok import extend_curve
+
+        return extend_curve(self.ms, k + 1)[k]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CostCurve:
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"cost curve schema {d.get('schema')!r}, expected {SCHEMA}")
+        names = cls.__dataclass_fields__
+        c = cls(**{k: v for k, v in d.items() if k in names})
+        if not c.ms or not all(isinstance(x, (int, float)) and x > 0 for x in c.ms):
+            raise ValueError("cost curve without positive timings")
+        return c
+
+
+def device_name() -> str:
+    import mlx.core as mx
+
+    return mx.default_device().type.name
+
+
+def curve_path(target: str, dtype: str, device: str | None = None) -> Path:
+    """Where the curve of ``target`` in ``dtype`` on ``device`` (default: MLX's) is cached."""
+    from mlxspec.targets.store import home
+
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{target}-{dtype}-{device or device_name()}").strip("_")
+    return home() / "costcurves" / f"{safe}.json"
+
+
+def _stderr_line(text: str) -> None:
+    """A progress line on stderr, rewritten in place on a terminal."""
+    end = "" if sys.stderr.isatty() else "\n"
+    sys.stderr.write(("\r\033[K" if sys.stderr.isatty() else "") + text + end)
+    sys.stderr.flush()
+
+
+def measure_cost_curve(lm: Any, max_tokens: int, reps: int = REPS, context_tokens: int = CONTEXT_TOKENS,
+                       log: Callable[[str], None] | None = _stderr_line) -> CostCurve:
+    """Time one target pass over 1..``max_tokens`` tokens of ``lm`` (a ``LoadedModel``) on a
+    cache of ``context_tokens`` tokens (fewer if the context is short)."""
+    from mlxspec.measure.sweep import time_verify
+
+    if max_tokens < 1 or reps < 1:
+        raise MlxspecError(f"cost curve: need max_tokens >= 1 and reps >= 1, got {max_tokens}, {reps}")
+    ctx = max(1, min(context_tokens, getattr(lm, "context_length", 1 << 30) - max_tokens - 1))
+    vocab = lm.config.vocab_size
+    prompt = [(1 + 37 * i) % vocab for i in range(ctx)]
+    sizes = list(range(1, max_tokens + 1))
+    say = log or (lambda _text: None)
+    head = f"measuring the verify cost of {lm.name} ({lm.dtype}), passes of 1..{max_tokens} tokens"
+    say(f"{head}: warm-up")
+    t0 = time.perf_counter()
+    times = time_verify(lm.model, prompt, sizes, reps, progress=lambda r: say(f"{head}: round {r}/{reps}"))
+    seconds = time.perf_counter() - t0
+    curve = CostCurve(lm.name, lm.dtype, device_name(), ctx, reps, [statistics.median(times[n]) for n in sizes],
+                      [times[n] for n in sizes], time.strftime("%Y-%m-%dT%H:%M:%S"), seconds)
+    say(f"{head}: {curve.ms[0]:.1f} ms for 1 token, {curve.ms[-1]:.1f} ms for {max_tokens} ({seconds:.0f} s)")
+    if log is _stderr_line and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    return curve
+
+
+def load_cost_curve(path: Path) -> CostCurve | None:
+    """The curve cached at ``path``, or None when there is none or it cannot be read."""
+    try:
+        return CostCurve.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def cost_curve(lm: Any, max_tokens: int, remeasure: bool = False, reps: int = REPS,
+               context_tokens: int = CONTEXT_TOKENS, log: Callable[[str], None] | None = _stderr_line) -> CostCurve:
+    """The cached curve of ``lm`` on this device if it covers ``max_tokens`` pass lengths, else
+    (or with ``remeasure``) a new measurement, cached. A cache that cannot be written is only
+    a note: the measurement is still used."""
+    path = curve_path(lm.name, lm.dtype)
+    cached = None if remeasure else load_cost_curve(path)
+    if cached is not None and cached.target == lm.name and cached.dtype == lm.dtype and cached.max_tokens >= max_tokens:
+        return cached
+    curve = measure_cost_curve(lm, max_tokens, reps, context_tokens, log)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(curve.to_json(), indent=1))
+        tmp.replace(path)
+    except OSError as e:
+        if log is not None:
+            log(f"note: could not cache the verify-cost curve at {path}: {e.strerror}")
+    return curve
+
+
+def k_policy(spec: Any, lm: Any, drafter: Any, remeasure: bool = False, max_k: int | None = None,
+             log: Callable[[str], None] | None = _stderr_line) -> Any:
+    """A ``--k`` value as what ``engine.generate`` takes: an int for a fixed K, or an ``AutoK``
+    for ``auto`` (drafting up to ``max_k``, default 8, against this machine's cost curve).
+    ``spec`` None (``--k`` not given): auto with a drafter; without one K is unused (4)."""
+    from mlxspec.core.autok import DEFAULT_MAX_K, AutoK, parse_k_option
+    from mlxspec.core.drafters import NgramDrafter
+
+    if spec is None and drafter is None:
+        return 4
+    k = parse_k_option("auto" if spec is None else spec)
+    if k != "auto":
+        return k
+    if drafter is None:
+        raise MlxspecError("--k auto needs a drafter: with --draft none nothing is drafted "
+                           "(drop --k, or pick a drafter such as --draft default or ngram:3)")
+    max_k = max_k or DEFAULT_MAX_K
+    curve = cost_curve(lm, max_k + 1, remeasure=remeasure, log=log)
+    # Prompt lookup costs next to nothing; a model drafter starts from a tenth of a target pass
+    # until the engine reports its real timings.
+    ratio = 0.01 if isinstance(drafter, NgramDrafter) else 0.1
+    return AutoK(curve, max_k=max_k, draft_prior_ratio=ratio)

@@ -1,0 +1,304 @@
+"""``--k auto``: the policy on scripted cost curves and acceptance profiles, the ``--k`` factory,
+exactness on a tiny model, and the verify-cost curve on the real model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+
+import mlxspec  # noqa: F401  (fast BLAS before mlx)
+from mlxspec.core.autok import AutoK, parse_k_option
+from mlxspec.errors import MlxspecError
+
+# ms of one target pass over 1..9 tokens
+FLAT = [60.0] * 9  # perfectly batch-parallel
+MEASURED = [62.0, 71.0, 80.0, 86.0, 91.0, 95.0, 100.0, 106.0, 113.0]  # as on this CPU (~1.15x, 1.47x, ...)
+SERIAL = [60.0 * n for n in range(1, 10)]  # token by token
+CURVES = {"flat": FLAT, "measured": MEASURED, "serial": SERIAL}
+PROFILES = {
+    "high": [0.9] * 8,
+    "falling": [0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1],
+    "rising": [0.3, 0.5, 0.7, 0.9, 0.9, 0.9, 0.9, 0.9],
+    "low": [0.2] * 8,
+    "zero": [0.0] * 8,
+    "perfect": [1.0] * 8,
+}
+
+
+def brute_force(curve, draft_ms, acceptance, max_k=8):
+    """argmax over K of E(K)/T(K), written out the slow way; the smallest K on ties."""
+    best, best_rate = 0, None
+    for k in range(max_k + 1):
+        e = sum(_prod(acceptance[:i]) for i in range(k + 1))
+        rate = e / (curve[k] + k * draft_ms)
+        if best_rate is None or rate > best_rate * (1 + 1e-12):
+            best, best_rate = k, rate
+    return best
+
+
+def _prod(xs):
+    out = 1.0
+    for x in xs:
+        out *= x
+    return out
+
+
+def drive(policy, profile, steps, rng, script=None):
+    """Run ``policy`` as the engine does: ask K, draft K, accept by the profile's conditional
+    acceptance, report back. Returns the Ks asked for."""
+    ks = []
+    for s in range(steps):
+        prof = script(s) if script else profile
+        k = policy.next_k()
+        n = 0
+        while n < k and rng.random() < prof[n]:
+            n += 1
+        policy.observe(k, n)
+        ks.append(k)
+    return ks
+
+
+@pytest.mark.parametrize("curve", CURVES)
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("draft_ms", [0.0, 3.0, 12.0, 40.0])
+def test_best_k_is_the_brute_force_optimum(curve, profile, draft_ms):
+    p = AutoK(CURVES[curve], draft_ms, max_k=8)
+    assert p.best(PROFILES[profile]) == brute_force(CURVES[curve], draft_ms, PROFILES[profile])
+
+
+def test_random_curves_and_profiles_match_brute_force():
+    rng = random.Random(7)
+    for _ in range(300):
+        base = rng.uniform(5, 100)
+        curve = [base]
+        for _ in range(8):
+            curve.append(curve[-1] + rng.uniform(0, base))
+        acc = [rng.random() for _ in range(8)]
+        d = rng.uniform(0, base)
+        assert AutoK(curve, d).best(acc) == brute_force(curve, d, acc)
+
+
+@pytest.mark.parametrize("profile", ["high", "falling", "low"])
+def test_learns_a_profile_and_then_picks_its_best_k(profile):
+    true = PROFILES[profile]
+    p = AutoK(MEASURED, 3.0, forget=0.999, probe_every=4)
+    rng = random.Random(1)
+    for _ in range(3000):  # draft at full length so that every position is seen
+        n = 0
+        while n < 8 and rng.random() < true[n]:
+            n += 1
+        p.observe(8, n)
+    est = p.acceptance()
+    reached = [i for i in range(8) if _prod(true[:i]) > 0.05]  # positions seen often enough
+    assert all(abs(est[i] - true[i]) < 0.06 for i in reached), est
+    assert p.next_k() == brute_force(MEASURED, 3.0, true)
+
+
+def test_k_is_zero_when_the_draft_is_too_slow_even_for_perfect_acceptance():
+    # A draft token costs as much as a whole target pass: no K > 0 can beat the plain step.
+    p = AutoK(FLAT, 60.0)
+    assert not p.can_pay()
+    assert drive(p, PROFILES["perfect"], 200, random.Random(0)) == [0] * 200  # never even probes
+
+
+def test_k_is_zero_when_nothing_is_accepted_and_probes_back_off():
+    p = AutoK(MEASURED, 3.0, probe_every=8, probe_max=64)
+    ks = drive(p, PROFILES["zero"], 600, random.Random(0))
+    assert ks[0] > 0  # the prior is optimistic: it tries
+    assert all(k == 0 for k in ks[20:] if k == 0) and ks[-50:].count(0) >= 49
+    probes = [i for i, k in enumerate(ks) if k > 0 and i >= 20]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps == sorted(gaps) and gaps[-1] == 65  # doubling up to probe_max plain steps
+    no_probe = AutoK(MEASURED, 3.0, probe_every=None)
+    assert drive(no_probe, PROFILES["zero"], 300, random.Random(0))[20:] == [0] * 280
+
+
+def test_adapts_when_acceptance_changes():
+    p = AutoK(MEASURED, 3.0, probe_every=4, probe_max=16)
+    rng = random.Random(3)
+
+    def script(s):  # easy text, then text the draft cannot guess, then easy again
+        return PROFILES["high"] if s < 300 or s >= 600 else PROFILES["zero"]
+
+    ks = drive(p, None, 900, rng, script)
+    best_high = brute_force(MEASURED, 3.0, PROFILES["high"])
+    assert best_high >= 5 and sum(k == best_high for k in ks[200:300]) >= 90
+    assert ks[350:600].count(0) >= 230  # stopped drafting soon after the change (only probes)
+    assert sum(k >= 4 for k in ks[700:900]) >= 190  # and a probe noticed the text got easy again
+
+
+def test_unseen_positions_borrow_from_the_one_before():
+    p = AutoK(MEASURED, 3.0, prior=0.6)
+    assert p.acceptance() == pytest.approx([0.6] * 8)
+    for _ in range(40):
+        p.observe(1, 0)  # only position 1 is ever drafted, always rejected
+    a = p.acceptance()
+    assert a[0] < 0.1 and all(x <= a[0] + 1e-12 for x in a[1:])
+
+
+def test_a_drafter_that_offers_fewer_tokens_is_not_counted_as_rejecting():
+    p = AutoK(MEASURED, 0.0)
+    for _ in range(50):
+        p.observe(0, 0)  # prompt lookup found nothing
+        p.observe(2, 2)  # and here everything it offered was kept
+    a = p.acceptance()
+    assert a[0] > 0.9 and a[1] > 0.9
+
+
+def test_observed_timings_move_the_choice():
+    p = AutoK(MEASURED, 3.0, probe_every=None)
+    k = p.next_k()
+    assert k > 0
+    for _ in range(30):  # the draft turns out to cost a whole target pass per token
+        p.observe_timing(draft_ms=62.0 * k, verify_ms=MEASURED[k], drafted=k)
+    assert p.draft_ms == pytest.approx(62.0, rel=0.01) and p.next_k() == 0
+    q = AutoK(MEASURED, probe_every=None)  # draft time unknown: a tenth of a target pass
+    assert q.draft_ms == pytest.approx(6.2)
+    q.observe_timing(2.0, 2 * MEASURED[1], 1)  # first draft timing replaces the prior
+    assert q.draft_ms == pytest.approx(2.0) and q.scale > 1.0
+
+
+def test_fresh_keeps_timings_and_forgets_acceptance():
+    p = AutoK(MEASURED, 3.0)
+    for _ in range(30):
+        p.observe(4, 0)
+    p.observe_timing(8.0, 100.0, 4)
+    q = p.fresh()
+    assert q.acceptance() == pytest.approx([0.6] * 8) and q.draft_ms == p.draft_ms and q.scale == p.scale
+    assert p.acceptance()[0] < 0.2  # the original is untouched
+
+
+def test_the_curve_is_extended_past_its_end():
+    p = AutoK([10.0, 12.0], 0.0, max_k=5)
+    assert p.cost == [10.0, 12.0, 14.0, 16.0, 18.0, 20.0]
+    assert AutoK([10.0], 0.0, max_k=3).cost == [10.0] * 4
+    assert AutoK([10.0, 14.0, 12.0, 15.0], 0.0, max_k=4).cost == [10.0, 14.0, 14.0, 15.0, 16.0]  # dips are noise
+
+
+@pytest.mark.parametrize("bad", [{"cost": []}, {"cost": [0.0, 1.0]}, {"cost": [1.0], "max_k": 0},
+                                 {"cost": [1.0], "max_k": 65}, {"cost": [1.0], "prior": 1.5},
+                                 {"cost": [1.0], "draft_ms_per_token": -1.0}, {"cost": [1.0], "probe_every": 0}])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(MlxspecError):
+        AutoK(**bad)
+
+
+# ----------------------------------------------------------------------------- --k
+
+
+@pytest.mark.parametrize("spec, expected", [("auto", "auto"), ("AUTO", "auto"), (" 4 ", 4), ("1", 1), ("64", 64), (8, 8)])
+def test_k_option_values(spec, expected):
+    assert parse_k_option(spec) == expected
+
+
+@pytest.mark.parametrize("spec, message", [("0", r"--k must be in 1\.\.64, got 0"), ("65", r"got 65"),
+                                           ("-1", r"got -1"), ("x", r"auto or an integer in 1\.\.64, got 'x'"),
+                                           ("", "auto or an integer"), ("2.5", "auto or an integer")])
+def test_k_option_errors_are_one_line(spec, message):
+    with pytest.raises(MlxspecError, match=message) as e:
+        parse_k_option(spec)
+    assert "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from tiny import tiny_target
+
+    lm = tiny_target()
+    lm.context_length = 512
+    return lm
+
+
+def test_k_policy_factory(tiny, tmp_path, monkeypatch):
+    from mlxspec.core.drafters import NgramDrafter
+    from mlxspec.measure.costcurve import curve_path, k_policy
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    with pytest.raises(MlxspecError, match="--k auto needs a drafter"):
+        k_policy("auto", tiny, None)
+    with pytest.raises(MlxspecError, match=r"--k must be in 1\.\.64"):
+        k_policy("0", tiny, NgramDrafter(3))
+    assert k_policy("3", tiny, NgramDrafter(3)) == 3
+    assert k_policy(None, tiny, None) == 4  # --k not given, no drafter: K unused
+    lines = []
+    p = k_policy(None, tiny, NgramDrafter(3), max_k=4, log=lines.append)  # not given: auto
+    assert isinstance(p, AutoK) and p.max_k == 4 and len(p.cost) == 5
+    assert lines and "measuring the verify cost of tiny" in lines[0]
+    assert curve_path("tiny", "float32").is_file()
+    lines.clear()
+    k_policy("auto", tiny, NgramDrafter(3), max_k=4, log=lines.append)
+    assert lines == []  # cached
+
+
+def test_cli_refuses_k_auto_with_no_drafter():
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    for cmd in (["generate", "hi"], ["bench"], ["chat"]):
+        r = CliRunner().invoke(app, [*cmd, "--draft", "none", "--k", "auto"])
+        assert r.exit_code == 2, r.output
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: --k auto needs a drafter"), lines
+
+
+def test_greedy_with_auto_k_is_target_only(tiny):
+    from mlxspec.core.drafters import ModelDrafter
+    from mlxspec.core.engine import generate
+    from mlxspec.core.events import Step
+    from mlxspec.core.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+    prompt = [3, 17, 9, 40, 2, 33]
+
+    def tokens(drafter=None, k=4):
+        evs = list(generate(tiny.model, prompt, greedy, 40, set(), 512, 0, drafter, k))
+        return [t for ev in evs if isinstance(ev, Step) for t in ev.emitted], [ev.k for ev in evs if isinstance(ev, Step)]
+
+    plain, _ = tokens()
+    # A draft that barely pays: the policy switches between drafting and plain steps.
+    policy = AutoK(FLAT, 20.0, max_k=6, probe_every=2, probe_max=2)
+    out, ks = tokens(ModelDrafter(tiny.model, "self:1", num_layers=1), policy)
+    assert out == plain
+    assert 0 in ks and any(k > 0 for k in ks)
+
+
+# ----------------------------------------------------------------------------- the real model
+
+
+@pytest.mark.model
+def test_cost_curve_measures_and_caches_on_the_default_model(lm, tmp_path, monkeypatch):
+    from mlxspec.measure.costcurve import CostCurve, cost_curve, curve_path
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    lines = []
+    c = cost_curve(lm, 3, reps=1, context_tokens=64, log=lines.append)
+    assert len(c.ms) == 3 and all(m > 0 for m in c.ms) and c.target == lm.name and c.dtype == lm.dtype
+    assert lines and "round 1/1" in " ".join(lines)
+    path = curve_path(lm.name, lm.dtype)
+    assert CostCurve.from_json(json.loads(path.read_text())) == c
+    lines.clear()
+    assert cost_curve(lm, 2, log=lines.append) == c and lines == []  # cached: covers 2 lengths
+    again = cost_curve(lm, 3, remeasure=True, reps=1, context_tokens=64, log=lines.append)
+    assert lines and again.measured and len(again.ms) == 3
+
+
+def test_chat_panel_shows_the_k_in_use():
+    from mlxspec.core.events import Status, Step, Token
+    from tui.chat.messages import Piece, StepData
+    from tui.chat.source import Settings
+    from tui.chat.stats import Baseline, TurnStats
+    from tui.chat.widgets import render_stats
+
+    settings = Settings(draft="ngram:3", k="auto")
+    assert settings.turn_k == 8 and "K=auto" in settings.label and Settings(draft="none", k="auto").turn_k == 0
+    stats = TurnStats(started=0.0, k=settings.turn_k)
+    for i, (k, n) in enumerate([(3, 1), (0, 0), (5, 5)]):
+        statuses = [Status.ACCEPTED] * n + [Status.REJECTED] * (k - n) + [Status.BONUS if n == k else Status.CORRECTED]
+        step = Step([Token(j, st) for j, st in enumerate(statuses)], k, n, 1.0, 5.0, room=k)
+        stats.add(StepData(tuple(Piece("x", st) for st in statuses), step, float(i)))
+    text = render_stats(stats, settings, Baseline()).plain
+    assert "K              auto" in text and "K in use       5  (mean 2.7)" in text
