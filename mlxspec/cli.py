@@ -432,9 +432,12 @@ def sweep(
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per K as CSV here."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: tokens/s and acceptance against K."),
     tui: bool = typer.Option(False, "--tui", help="Show the sweep live in a terminal UI (q quits); the table is printed after."),
+    auto: bool = typer.Option(True, "--auto/--no-auto", help="Time --k auto too (K chosen per step), as a row next to the fixed Ks."),
+    remeasure_cost: bool = RemeasureOpt,
 ) -> None:
     """Find the draft length K that is fastest in wall-clock time, and say why speculation
-    loses when it does (slow draft, serial verification, or low acceptance)."""
+    loses when it does (slow draft, serial verification, or low acceptance); with an `auto`
+    row (--k auto) compared against the best fixed K."""
     from mlxspec.core.sampling import SamplingParams
     from mlxspec.measure import sweep as sw
 
@@ -443,11 +446,11 @@ def sweep(
     draft = _named_draft(draft, model)
     options = dict(model_spec=model, draft=draft, temp=temp, top_p=top_p, prompts_file=prompts_file,
                    per_category=per_category, categories=categories, max_tokens=max_tokens, warmup=warmup,
-                   repeats=repeats, seed=seed, dtype=dtype)
+                   repeats=repeats, seed=seed, dtype=dtype, auto=auto, remeasure_cost=remeasure_cost)
     if tui:
         from tui.sweep.app import describe, run_sweep_tui
 
-        result = run_sweep_tui(k_list, describe(k_list, model, draft, temp, max_tokens, repeats), **options)
+        result = run_sweep_tui(k_list, describe(k_list, model, draft, temp, max_tokens, repeats, auto), **options)
         if result is None:
             err.print("sweep stopped before the end: nothing written")
             raise typer.Exit(1)

@@ -266,4 +266,5 @@ def test_sweep_json_to_stdout_and_out_file(tmp_path):
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)  # stdout holds the result alone, no table
     assert data == json.loads(out.read_text())
-    assert data["schema"] == 2 and [row["k"] for row in data["rows"]] == [1] and data["verdict"][0]["kind"]
+    assert data["schema"] == 2 and [row["k"] for row in data["rows"]] == [1, None] and data["verdict"][0]["kind"]
+    assert data["rows"][-1]["label"] == "auto" and data["auto_vs_best"]["k"] == 1

@@ -108,3 +108,13 @@ def test_the_checks_can_fail():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     tree = ast.parse("from mlxspec.core.engine import _secret\n")
     assert ("mlxspec.core.engine", "_secret") in imports("mlxspec.cli", tree, set(modules()))
+
+
+def test_core_knows_nothing_of_files_measurements_training_or_ui():
+    """Data flows one way: core/ is imported by the rest and imports none of it."""
+    mods = modules()
+    known = set(mods)
+    outside = ("mlxspec.targets", "mlxspec.measure", "mlxspec.training", "mlxspec.cli", "tui")
+    bad = [f"{name} imports {src}" for name, tree in mods.items() if name.startswith("mlxspec.core")
+           for src, _ in imports(name, tree, known) if src.startswith(outside)]
+    assert not bad, "\n".join(bad)

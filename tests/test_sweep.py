@@ -227,17 +227,33 @@ def _run(tps, k, tokens=40):
                [k] * steps, [k] * steps, [0.2 * k] * steps, [11.0 + k] * steps)
 
 
-def _summary(speedups: dict[int, list[float]]):
+def _run_auto(tps, tokens=42):
+    """A scripted ``--k auto`` run: K chosen per step cycling 0, 1, 2, 3 (mean 1.5 over the 24
+    steps of 42 tokens), one draft accepted whenever any was drafted."""
+    rooms = [i % 4 for i in range(tokens)]
+    acc = []
+    while sum(acc) + len(acc) < tokens:
+        acc.append(1 if rooms[len(acc)] else 0)
+    n, total = len(acc), tokens / tps
+    return Run(list(range(tokens)), 20, 0.1 * total, 0.9 * total, 1, "length", acc, rooms[:n], rooms[:n],
+               [0.2 * r for r in rooms[:n]], [11.0 + r for r in rooms[:n]])
+
+
+def _summary(speedups: dict[int, list[float]], auto: list[float] | None = None):
     """The sweep's summary of scripted runs: per prompt i the target runs at a prompt-dependent
-    speed, K at ``speedups[K][i]`` times it (the paired ratio the verdict rests on)."""
+    speed, K at ``speedups[K][i]`` times it (the paired ratio the verdict rests on), and auto,
+    if given, at ``auto[i]`` times it."""
     ks = sorted(speedups)
     n = len(speedups[ks[0]])
     base = [10.0 * (1 + 0.3 * (i % 3)) for i in range(n)]
     runs_by = {0: [sweep.SweepRun(0, i, "c", 0, _run(base[i], 0)) for i in range(n)]}
     for k in ks:
         runs_by[k] = [sweep.SweepRun(k, i, "c", 0, _run(base[i] * sp, k), sp) for i, sp in enumerate(speedups[k])]
+    if auto is not None:
+        runs_by[None] = [sweep.SweepRun(None, i, "c", 0, _run_auto(base[i] * sp), sp) for i, sp in enumerate(auto)]
     vt = {1: [10.0] * 3, **{k + 1: [11.0 + k] * 3 for k in ks}}
-    settings = sweep.SweepSettings(ks, "scripted", 0.0, 1.0, ["c"], 1, None, 40, 0, 0, 1, 0, 3)
+    settings = sweep.SweepSettings(ks, "scripted", 0.0, 1.0, ["c"], 1, None, 40, 0, 0, 1, 0, 3,
+                                   auto_max_k=8 if auto is not None else None)
     header = runs.RunHeader("now", runs.Machine("p", "x", 2), "cpu", None, "0", None, "m", "float32")
     return sweep.summarise(ks, runs_by, vt, 20, header, settings, None, [{"id": i} for i in range(n)])
 
@@ -284,6 +300,72 @@ def test_sweep_with_too_few_prompts_cannot_tell_ks_apart():
     assert result.optimum_measured.k == 2 and result.optimum_measured.indistinguishable == [1]
 
 
+# ----------------------------------------------------------------------------- the auto row
+
+FIXED = {1: [1.10, 1.12, 1.09, 1.11, 1.10, 1.12], 2: [1.50, 1.48, 1.52, 1.49, 1.51, 1.50]}
+
+
+def _auto_line(result):
+    return next(v for v in result.verdict if v.text.startswith("auto "))
+
+
+@pytest.mark.parametrize("auto, kind, words, marks", [
+    # paired with K=2 (the best fixed K): ratios 0.93-1.07 -> the interval holds 1.0
+    ([1.40, 1.58, 1.45, 1.55, 1.48, 1.53], Kind.SAME, "tied with the best fixed K = 2", (False, True)),
+    ([1.80, 1.79, 1.83, 1.78, 1.82, 1.81], Kind.FASTER, "faster than the best fixed K = 2", (True, False)),
+    ([1.20, 1.18, 1.22, 1.19, 1.21, 1.20], Kind.SLOWER, "a fixed --k 2 is faster here", (False, False)),
+])
+def test_sweep_auto_row_is_judged_against_the_best_fixed_k(auto, kind, words, marks):
+    result = _summary(FIXED, auto)
+    fixed = _summary(FIXED)
+    a = result.auto
+    assert a.k is None and a.label == "auto" and a.runs == 6
+    assert a.mean_k == pytest.approx(1.5) and a.mean_drafted == pytest.approx(1.5)
+    assert a.comparison.ratio == pytest.approx(sorted(auto)[2] / 2 + sorted(auto)[3] / 2)
+    assert a.comparison.interval.pairs == 6 and a.prediction is None and a.verify_ms is None
+    assert a.acceptance[0] == pytest.approx(1.0) and len(a.acceptance) == 3  # up to the largest K it chose
+    assert (a.is_optimum, a.indistinguishable) == marks
+    # the fixed Ks, their optimum, the cost model and the headline are what they are without auto
+    assert [r.k for r in result.rows] == [1, 2] and result.rows == fixed.rows
+    assert result.optimum_measured == fixed.optimum_measured and result.optimum_measured.k == 2
+    assert result.optimum_predicted == fixed.optimum_predicted and result.pays is fixed.pays
+    assert result.verdict[0] == fixed.verdict[0]
+    line = _auto_line(result)
+    assert result.verdict[1] == line and line.kind is kind and words in line.text
+    assert result.auto_vs_best.kind is kind and line.interval == result.auto_vs_best.interval
+    assert "mean 1.5" in line.text and f"{a.speedup:.2f}x target-only" in line.text
+    assert [x.k for x in result.runs].count(None) == 6
+
+    data = json.loads(json.dumps(result.to_json()))
+    assert [r["k"] for r in data["rows"]] == [1, 2, None] and data["rows"][-1]["label"] == "auto"
+    assert set(data["rows"][0]) == set(data["rows"][-1])  # the same keys as a fixed K's row
+    assert data["rows"][-1]["predicted_tps"] is None and data["rows"][-1]["mean_k"] == pytest.approx(1.5)
+    assert data["auto_vs_best"]["k"] == 2 and data["auto_vs_best"]["verdict"] == kind.value
+    assert data["settings"]["auto_max_k"] == 8 and data["optimum_measured"]["k"] == 2
+    plain = json.loads(json.dumps(fixed.to_json()))
+    assert plain["auto_vs_best"] is None and [r["k"] for r in plain["rows"]] == [1, 2]
+    assert set(data) == set(plain)
+
+    out = io.StringIO()
+    sweep.print_sweep(result, Console(file=out, width=250))
+    mark = " ★" if marks[0] else " ≈" if marks[1] else " │"
+    assert f"auto (1.5){mark}" in out.getvalue() and line.text[:40] in out.getvalue()
+
+
+def test_sweep_auto_row_in_the_csv_and_the_plot(tmp_path):
+    result = _summary(FIXED, [1.40, 1.58, 1.45, 1.55, 1.48, 1.53])
+    with sweep.write_csv(result, tmp_path / "s.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["k"] for r in table] == ["1", "2", "auto"]
+    assert table[-1]["mean_k"] == "1.5" and table[-1]["predicted_tps"] == ""
+    # by position up to the largest K auto chose: one draft kept a step, never a second
+    assert [table[-1][f"acc_{i}"] for i in (1, 2, 3)] == ["1.0", "0.0", ""] and table[0]["acc_3"] == ""
+    assert float(table[-1]["tps"]) == pytest.approx(result.auto.tps)
+    pytest.importorskip("matplotlib")
+    png = sweep.plot_sweep(result, tmp_path / "s.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ----------------------------------------------------------------------------- a tiny real sweep
 
 
@@ -299,17 +381,22 @@ def test_tiny_real_sweep(lm, tmp_path):
     record = result
     result = json.loads(json.dumps(result.to_json()))  # JSON-serialisable, and read back as a user would
 
-    assert [r["k"] for r in result["rows"]] == [1, 2]
+    assert [r["k"] for r in result["rows"]] == [1, 2, None]  # auto last
+    *fixed, auto = result["rows"]
     assert result["baseline"]["tps"] > 0 and result["verification"]["target_ms"] > 0
-    for r in result["rows"]:
+    assert auto["label"] == "auto" and auto["tps"] > 0 and auto["speedup"] > 0 and auto["greedy_identical"] is True
+    assert 0 <= auto["mean_k"] <= result["settings"]["auto_max_k"] == 8 and auto["predicted_tps"] is None
+    assert result["auto_vs_best"]["k"] == result["optimum_measured"]["k"]
+    assert any(v["text"].startswith("auto ") for v in result["verdict"])
+    for r in fixed:
         assert r["tps"] > 0 and r["tps_min"] <= r["tps"] <= r["tps_max"]
         assert r["speedup"] > 0
         assert len(r["acceptance"]) == r["k"]
         assert r["verify_ratio"] > 0 and r["predicted_tps"] > 0
         assert r["greedy_identical"] is True
-    best = max(result["rows"], key=lambda r: r["tps"])
+    best = max(fixed, key=lambda r: r["tps"])
     assert result["optimum_measured"]["k"] == best["k"]
-    assert [r["k"] for r in result["rows"] if r["is_optimum"]] == [best["k"]]
+    assert [r["k"] for r in fixed if r["is_optimum"]] == [best["k"]]
     assert result["optimum_predicted"]["k"] in (1, 2)
     assert [p["k"] for p in result["verification"]["per_k"]] == [1, 2]
     assert result["verdict"] and isinstance(result["verdict"][0]["text"], str)
@@ -325,7 +412,7 @@ def test_tiny_real_sweep(lm, tmp_path):
     with csv_path.open() as f:
         table = list(csv.reader(f))
     assert table[0][:2] == ["k", "tps"] and "acc_2" in table[0]
-    assert [row[0] for row in table[1:]] == ["1", "2"]
+    assert [row[0] for row in table[1:]] == ["1", "2", "auto"]
     assert math.isclose(float(table[1][1]), result["rows"][0]["tps"])
 
     png = sweep.plot_sweep(record, tmp_path / "sweep.png")

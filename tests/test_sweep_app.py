@@ -59,6 +59,23 @@ def test_chart_text_bars_baseline_and_optimum():
     bar_1 = by["K=1"][10:]
     assert bar_1.index("│") < bar_1.rindex("█")
     assert "★" not in "".join(lines)  # no optimum before the result
+    assert not any(line.startswith("auto") for line in lines)  # no auto row unless asked or measured
+
+
+def test_chart_text_auto_row_waits_then_shows_the_mean_k_it_chose():
+    series = {0: Series(0)}
+    series[0].add({"tps": 10.0, "accepted": [0, 0], "drafted": [0, 0], "done": 1, "of": 2})
+    lines = chart_text([1], series, 140, auto=True).plain.splitlines()
+    assert "waiting" in next(line for line in lines if line.startswith("auto "))
+    series[None] = Series(None)
+    # K chosen per step 0, 2, 3, 3: mean 2; 4 drafts kept of 8 allowed
+    series[None].add({"tps": 12.0, "accepted": [0, 1, 3, 0], "drafted": [0, 2, 3, 3], "rooms": [0, 2, 3, 3],
+                      "done": 1, "of": 2})
+    assert series[None].mean_k == 2.0 and series[None].acceptance == 0.5
+    lines = chart_text([1], series, 140).plain.splitlines()  # shown once measured, even unasked
+    auto = next(line for line in lines if line.startswith("auto "))
+    assert "12.0 tok/s 1.20x 1/2" in auto and "50%" in auto and "1.00/step" in auto and auto.endswith("K 2.0")
+    assert "auto: K chosen per step" in lines[1]
 
 
 def test_chart_fills_in_run_by_run_and_marks_the_optimum():
@@ -70,7 +87,7 @@ def test_chart_fills_in_run_by_run_and_marks_the_optimum():
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: gate.waiting == 1)  # warm-up and verify ticks done
             await pilot.pause()
-            assert "waiting" in row(app, "target") and "waiting" in row(app, "K=1")
+            assert "waiting" in row(app, "target") and "waiting" in row(app, "K=1") and "waiting" in row(app, "auto")
             assert app.query_one("#phase").render().plain.startswith("verify cost")
 
             gate.release()  # prompt 0 runs target-only first
@@ -83,13 +100,15 @@ def test_chart_fills_in_run_by_run_and_marks_the_optimum():
             await pilot.pause()
             assert "1/2" in row(app, "K=1") and "waiting" in row(app, "K=2")
 
-            gate.release(4)
+            gate.release(6)  # the rest of prompt 0 (K=2, auto), then prompt 1's four runs
             await wait_for(pilot, lambda: app.finished)
             await pilot.pause()
             result = app.result
             best = max(result.rows, key=lambda r: r.tps).k
             assert result.optimum_measured.k == best
             assert "★" in row(app, f"K={best}") and "1/2" not in "\n".join(chart(app))
+            assert f"{result.auto.tps:.1f} tok/s" in row(app, "auto") and f"K {result.auto.mean_k:.1f}" in row(app, "auto")
+            assert set(app.series) == {0, 1, 2, None}
             text = "\n".join(chart(app))
             assert result.verdict[0].text in text  # the explanation under the chart
             assert app.query_one("#phase").render().plain.startswith(f"done: best K = {best}")
@@ -118,6 +137,22 @@ def test_demo_result_is_a_sweep_summary_coloured_by_kind():
             assert spans.get(v.text) == style(v.kind)
     few = demo_runner([1, 2], prompts=2)(lambda *a: None, lambda run: None)
     assert few.verdict[0].kind is Kind.SAME and "too few" in few.verdict[0].text
+
+
+def test_demo_auto_row_is_marked_against_the_best_k():
+    """The demo's auto row: its verdict line under the headline, its mark in the chart; without
+    auto, neither."""
+    from mlxspec.measure.verdict import Kind
+
+    result = demo_runner([1, 2, 4], prompts=6)(lambda *a: None, lambda run: None)
+    assert result.auto is not None and result.auto_vs_best.kind is Kind.SAME and result.auto.indistinguishable
+    line = next(v for v in result.verdict if v.text.startswith("auto "))
+    assert line.kind is Kind.SAME and f"tied with the best fixed K = {result.optimum_measured.k}" in line.text
+    lines = chart_text([1, 2, 4], {}, 140, result).plain.splitlines()
+    assert any(x.startswith("auto ≈") and x.rstrip().endswith(f"K {result.auto.mean_k:.1f}") for x in lines)
+    plain = demo_runner([1, 2, 4], prompts=6, auto=False)(lambda *a: None, lambda run: None)
+    assert plain.auto is None and not any(v.text.startswith("auto ") for v in plain.verdict)
+    assert not any(x.startswith("auto") for x in chart_text([1, 2, 4], {}, 140, plain).plain.splitlines())
 
 
 def test_quit_mid_sweep_stops_after_the_current_run():
@@ -172,7 +207,8 @@ def test_tiny_real_sweep_in_the_app(lm, tmp_path):
             await pilot.pause()
             assert app.error is None
             result = app.result
-            assert sorted(app.series) == [0, 1, 2] and all(s.done == s.of == 1 for s in app.series.values())
+            assert set(app.series) == {0, 1, 2, None} and all(s.done == s.of == 1 for s in app.series.values())
+            assert result.auto is not None and f"{result.auto.tps:.1f} tok/s" in row(app, "auto")
             best = max(result.rows, key=lambda r: r.tps).k
             assert result.optimum_measured.k == best and "★" in row(app, f"K={best}")
             assert f"{result.baseline.tps:.1f} tok/s" in row(app, "target")

@@ -2,8 +2,8 @@
 tokens, L = 1..max_k+1, on a cache already holding a realistic context. ``--k auto`` weighs
 expected accepted tokens against it (``core.autok``).
 
-Measured with ``sweep.time_verify`` (two untimed passes per length, then ``reps`` rounds over
-all lengths in rotating order, cache trimmed back after every pass; medians), once per target,
+Measured with ``time_verify`` (the sweep's too: two untimed passes per length, then ``reps``
+rounds over all lengths in rotating order, cache trimmed back after every pass; medians), once per target,
 dtype and device, and cached as JSON in ``$MLXSPEC_HOME/costcurves/<target>-<dtype>-<device>.json``;
 ``remeasure=True`` (``--remeasure-cost``) measures again.
 """
@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,12 +92,46 @@ def _stderr_line(text: str) -> None:
     sys.stderr.flush()
 
 
+def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = REPS,
+                progress: Callable[[int], Any] | None = None) -> dict[int, list[float]]:
+    """ms of one target forward over n tokens, for each n in ``sizes``, on a cache holding the
+    prefilled ``prompt``; trimmed back after every pass. Two untimed passes per size first; then
+    ``reps`` rounds over all sizes, the order rotating to spread drift. {n: [ms, ...]}."""
+    import mlx.core as mx
+
+    from mlxspec.core.cache import rewind
+    from mlxspec.core.prefill import prefill
+
+    cache = model.make_cache()
+    mx.eval(prefill(model, cache, prompt))
+    src = prompt if prompt else [0]
+    toks = {n: mx.array([[src[i % len(src)] for i in range(n)]], mx.int32) for n in sizes}
+
+    def once(n: int) -> float:
+        t0 = time.perf_counter()
+        mx.eval(model(toks[n], cache))
+        dt = (time.perf_counter() - t0) * 1e3
+        rewind(cache, n)
+        return dt
+
+    for n in sizes:
+        once(n)
+        once(n)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    order = list(sizes)
+    for rep in range(reps):
+        rot = rep % len(order)
+        for n in order[rot:] + order[:rot]:
+            times[n].append(once(n))
+        if progress is not None:
+            progress(rep + 1)
+    return times
+
+
 def measure_cost_curve(lm: Any, max_tokens: int, reps: int = REPS, context_tokens: int = CONTEXT_TOKENS,
                        log: Callable[[str], None] | None = _stderr_line) -> CostCurve:
     """Time one target pass over 1..``max_tokens`` tokens of ``lm`` (a ``LoadedModel``) on a
     cache of ``context_tokens`` tokens (fewer if the context is short)."""
-    from mlxspec.measure.sweep import time_verify
-
     if max_tokens < 1 or reps < 1:
         raise MlxspecError(f"cost curve: need max_tokens >= 1 and reps >= 1, got {max_tokens}, {reps}")
     ctx = max(1, min(context_tokens, getattr(lm, "context_length", 1 << 30) - max_tokens - 1))

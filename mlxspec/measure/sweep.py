@@ -29,6 +29,15 @@ Ks whose paired tokens/s cannot be told apart from the best K's are named. For a
 causes in plain words (thresholds below): a draft too slow to pay, a backend that verifies
 serially, too low acceptance, or per-step overhead the cost model does not see.
 
+Auto (on unless ``auto=False``): one more method, ``--k auto``, timed on the same prompts,
+repeats and rotation as the fixed Ks, each run with a fresh ``AutoK`` (``costcurve.k_policy``:
+this machine's cached verify-cost curve, K chosen per step in 0..8). Its row (``KRow.k`` None,
+``label`` "auto") has the same measurements, ``mean_k`` the mean K it allowed per step; it has
+no cost-model prediction and takes no part in the cost model's optimum. It is compared paired
+with the best fixed K (``SweepResult.auto_vs_best``): one verdict line says whether auto beats
+it, cannot be told from it (the row marked ≈) or is slower; beating it marks the auto row ★.
+``optimum_measured`` and ``pays`` stay about the fixed Ks.
+
 The result is a ``SweepResult`` record; its ``to_json()`` is the JSON (schema 2, see ``runs``).
 """
 
@@ -38,16 +47,14 @@ import csv
 import math
 import re
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-
 from mlxspec.core.drafters import MAX_K
 from mlxspec.errors import MlxspecError
+from mlxspec.measure.costcurve import k_policy, time_verify
 from mlxspec.measure.runs import (
     SCHEMA,
     WARMUP_TOKENS,
@@ -390,40 +397,6 @@ def position_acceptance(accepted: Sequence[int], drafted: Sequence[int], rooms: 
     return acc, cov
 
 
-def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = VERIFY_REPS,
-                progress: Callable[[int], Any] | None = None) -> dict[int, list[float]]:
-    """ms of one target forward over n tokens, for each n in ``sizes``, on a cache holding the
-    prefilled ``prompt``; trimmed back after every pass. Two untimed passes per size first; then
-    ``reps`` rounds over all sizes, the order rotating to spread drift. {n: [ms, ...]}."""
-    from mlxspec.core.cache import rewind
-    from mlxspec.core.prefill import prefill
-
-    cache = model.make_cache()
-    mx.eval(prefill(model, cache, prompt))
-    src = prompt if prompt else [0]
-    toks = {n: mx.array([[src[i % len(src)] for i in range(n)]], mx.int32) for n in sizes}
-
-    def once(n: int) -> float:
-        t0 = time.perf_counter()
-        mx.eval(model(toks[n], cache))
-        dt = (time.perf_counter() - t0) * 1e3
-        rewind(cache, n)
-        return dt
-
-    for n in sizes:
-        once(n)
-        once(n)
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    order = list(sizes)
-    for rep in range(reps):
-        rot = rep % len(order)
-        for n in order[rot:] + order[:rot]:
-            times[n].append(once(n))
-        if progress is not None:
-            progress(rep + 1)
-    return times
-
-
 def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -433,10 +406,11 @@ def _median(xs: Sequence[float]) -> float | None:
 
 @dataclass(frozen=True)
 class SweepRun:
-    """One timed run of the sweep (k = 0: target-only), with its ratio to the target-only run
-    of the same prompt and repeat and, greedy only, where its tokens first differ from it."""
+    """One timed run of the sweep (k = 0: target-only, None: auto), with its ratio to the
+    target-only run of the same prompt and repeat and, greedy only, where its tokens first
+    differ from it."""
 
-    k: int
+    k: int | None
     prompt_id: Any
     category: str
     repeat: int
@@ -463,9 +437,10 @@ class Baseline:
 
 @dataclass(frozen=True)
 class KRow:
-    """Everything measured at one K, then the cost model's prediction and the verdict's marks."""
+    """Everything measured at one K (None: auto, K chosen per step), then the cost model's
+    prediction (none for auto) and the verdict's marks."""
 
-    k: int
+    k: int | None
     runs: int
     tps: float
     tps_min: float
@@ -483,13 +458,18 @@ class KRow:
     draft_ms_per_token: float
     draft_ms_per_step: float | None
     verify_ms_per_step: float | None
-    verify_ms: float
-    verify_ratio: float
+    verify_ms: float | None  # one target pass over K+1 tokens (None for auto)
+    verify_ratio: float | None
     greedy_identical: bool | None
     greedy_mismatches: list[Any]
     prediction: Prediction | None = None
     is_optimum: bool = False
     indistinguishable: bool = False  # from the optimum
+    mean_k: float | None = None  # mean K the engine allowed per step (auto: the K it chose)
+
+    @property
+    def label(self) -> str:
+        return "auto" if self.k is None else str(self.k)
 
     @property
     def speedup(self) -> float | None:
@@ -506,7 +486,7 @@ class KRow:
     def to_json(self) -> dict[str, Any]:
         iv = self.comparison.interval
         return {**{f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("comparison", "prediction")},
-                "speedup": self.speedup, "verdict": self.comparison.kind.value,
+                "label": self.label, "speedup": self.speedup, "verdict": self.comparison.kind.value,
                 "interval": None if iv is None else iv.to_json(),
                 "expected_tokens": self.prediction and self.prediction.expected_tokens,
                 "predicted_tps": self.predicted_tps, "predicted_speedup": self.predicted_speedup}
@@ -553,6 +533,7 @@ class SweepSettings:
                        "drafter left empty counts as rejected")
     cost_model: str = ("E(K) = 1 + sum_j prod_{i<=j} a_i; T(K) = K*draft_ms_per_token + verify_ms(K); predicted tps = "
                        "E/T; target-only = 1/verification.target_ms")
+    auto_max_k: int | None = None  # the auto row's largest K; None: no auto row
 
 
 @dataclass(frozen=True)
@@ -567,6 +548,13 @@ class SweepResult:
     diagnosis: Diagnosis
     verdict: list[Verdict]
     runs: list[SweepRun]
+    auto: KRow | None = None  # the auto row (not in ``rows``: those are the fixed Ks)
+    auto_vs_best: Comparison | None = None  # auto tokens/s over the best fixed K's, paired
+
+    @property
+    def all_rows(self) -> list[KRow]:
+        """The fixed Ks, then auto if it ran."""
+        return [*self.rows, *([self.auto] if self.auto else [])]
 
     @property
     def optimum_measured(self) -> Optimum | None:
@@ -585,13 +573,22 @@ class SweepResult:
         om, op = d.optimum_measured, d.optimum_predicted
         return {
             "schema": SCHEMA, **self.header.to_json(), "settings": asdict(self.settings), "note": self.note,
-            "prompts": self.prompts, "baseline": asdict(self.baseline), "rows": [r.to_json() for r in self.rows],
+            "prompts": self.prompts, "baseline": asdict(self.baseline), "rows": [r.to_json() for r in self.all_rows],
             "verification": asdict(self.verification),
             "optimum_measured": om and om.to_json(),
             "optimum_predicted": op and {"k": op.k, "tps": op.tps, "speedup": op.speedup},
             "pays": d.pays, "causes": [asdict(c) for c in d.causes], "verdict": [v.to_json() for v in self.verdict],
             "runs": [r.to_json() for r in self.runs],
+            "auto_vs_best": _comparison_json(self.auto_vs_best, om and om.k),
         }
+
+
+def _comparison_json(c: Comparison | None, k: int | None) -> dict[str, Any] | None:
+    """Auto against the best fixed K ``k``: {k, ratio, verdict, interval}."""
+    if c is None:
+        return None
+    return {"k": k, "ratio": c.ratio, "verdict": c.kind.value,
+            "interval": None if c.interval is None else c.interval.to_json()}
 
 
 # ----------------------------------------------------------------------------- summary of the runs
@@ -604,35 +601,39 @@ def baseline_of(runs: Sequence[SweepRun]) -> Baseline:
                     _median([v for x in runs for v in x.run.verify_ms]), len(runs))
 
 
-def k_row(k: int, runs: Sequence[SweepRun], verify_ms_all: Sequence[float], target_ms: float,
+def k_row(k: int | None, runs: Sequence[SweepRun], verify_ms_all: Sequence[float] | None, target_ms: float,
           greedy: bool) -> KRow:
-    """What the runs of one K measured: speed, paired speedup, acceptance, costs."""
+    """What the runs of one K (None: auto; then positions up to the largest K it chose, the
+    mean accepted over every step, and no verify pass of its own) measured: speed, paired
+    speedup, acceptance, costs."""
     rs = [x.run for x in runs]
     acc_l = [a for r in rs for a in r.accepted]
     dft_l = [d for r in rs for d in r.drafted]
     room_l = [rm for r in rs for rm in r.rooms]
-    acc, cov = position_acceptance(acc_l, dft_l, room_l, k)
-    full = [a for a, rm in zip(acc_l, room_l) if rm == k]
+    depth = max(room_l, default=0) if k is None else k
+    acc, cov = position_acceptance(acc_l, dft_l, room_l, depth)
+    full = [a for a, rm in zip(acc_l, room_l) if k is None or rm == k]
     dms = [v for r in rs for v in r.draft_ms]
     ratios = [x.ratio for x in runs if x.ratio is not None]
     tps = [r.tps for r in rs]
     mism = [x.prompt_id for x in runs if x.first_mismatch is not None]
-    vms = statistics.median(verify_ms_all)
+    vms = statistics.median(verify_ms_all) if verify_ms_all else None
     return KRow(
         k=k, runs=len(rs), tps=statistics.median(tps), tps_min=min(tps), tps_max=max(tps),
         decode_tps=_median([r.decode_tps for r in rs if r.decode_tps is not None]), comparison=median_ratio(ratios),
         speedup_min=min(ratios, default=None), speedup_max=max(ratios, default=None), acceptance=acc,
-        acceptance_cumulative=acceptance_by_position(acc_l, dft_l, k), draft_coverage=cov,
+        acceptance_cumulative=acceptance_by_position(acc_l, dft_l, depth), draft_coverage=cov,
         mean_accepted=sum(full) / len(full) if full else (sum(acc_l) / len(acc_l) if acc_l else None),
         tokens_per_step=sum(r.generated_tokens for r in rs) / max(1, sum(r.steps for r in rs)),
         mean_drafted=sum(dft_l) / len(dft_l) if dft_l else None, draft_ms_per_token=sum(dms) / max(1, sum(dft_l)),
         draft_ms_per_step=_median(dms), verify_ms_per_step=_median([v for r in rs for v in r.verify_ms]),
-        verify_ms=vms, verify_ratio=vms / target_ms, greedy_identical=(not mism) if greedy else None,
-        greedy_mismatches=mism,
+        verify_ms=vms, verify_ratio=None if vms is None else vms / target_ms,
+        greedy_identical=(not mism) if greedy else None, greedy_mismatches=mism,
+        mean_k=sum(room_l) / len(room_l) if room_l else None,
     )
 
 
-def _paired_tps(ks: Sequence[int], runs_by: dict[int, list[SweepRun]]) -> list[list[float]]:
+def _paired_tps(ks: Sequence[int | None], runs_by: dict[int | None, list[SweepRun]]) -> list[list[float]]:
     """Per K, tokens/s of each (prompt, repeat) that every K ran, in one order."""
     keys = [(x.prompt_id, x.repeat) for x in runs_by[ks[0]]]
     of = {k: {(x.prompt_id, x.repeat): x.run.tps for x in runs_by[k]} for k in ks}
@@ -648,7 +649,8 @@ def _extra_verdicts(rows: Sequence[KRow], best: int | None, headline: Kind) -> l
             and top.speedup_min < 1.0 <= top.speedup_max and top.runs > 1):
         out.append(Verdict(Kind.NOTE, f"note: per prompt the speedup at K={best} ranges {top.speedup_min:.2f}x-"
                                       f"{top.speedup_max:.2f}x: it pays on some prompts and loses on others"))
-    bad = [f"K={x.k} (prompts {', '.join(map(str, x.greedy_mismatches))})" for x in rows if x.greedy_mismatches]
+    bad = [f"{'auto' if x.k is None else f'K={x.k}'} (prompts {', '.join(map(str, x.greedy_mismatches))})"
+           for x in rows if x.greedy_mismatches]
     if bad:
         out.append(Verdict(Kind.BUG, "BUG: greedy speculative output differs from target-only at " + "; ".join(bad)))
     return out
@@ -661,11 +663,12 @@ def _verification(ks: Sequence[int], vt: dict[int, list[float]], target_ms: floa
     return Verification(target_ms, vt[1], context_tokens, per_k, d.verify_slope, d.verify_kind)
 
 
-def summarise(ks: Sequence[int], runs_by: dict[int, list[SweepRun]], verify_times: dict[int, list[float]],
+def summarise(ks: Sequence[int], runs_by: dict[int | None, list[SweepRun]], verify_times: dict[int, list[float]],
               context_tokens: int, header: RunHeader, settings: SweepSettings, note: str | None,
               prompts: list[dict[str, Any]]) -> SweepResult:
-    """The sweep's result from its timed runs (``runs_by[0]``: target-only) and verify times
-    ({tokens in the pass: [ms]}). Pure: the demo and the tests feed it scripted runs."""
+    """The sweep's result from its timed runs (``runs_by[0]``: target-only; ``runs_by[None]``,
+    if present: auto) and verify times ({tokens in the pass: [ms]}). Pure: the demo and the
+    tests feed it scripted runs."""
     target_ms = statistics.median(verify_times[1])
     baseline = baseline_of(runs_by[0])
     rows = [k_row(k, runs_by[k], verify_times[k + 1], target_ms, settings.temperature == 0) for k in ks]
@@ -676,10 +679,48 @@ def summarise(ks: Sequence[int], runs_by: dict[int, list[SweepRun]], verify_time
     best = om.k if om else None
     rows = [replace(x, prediction=p, is_optimum=x.k == best, indistinguishable=bool(om and x.k in om.indistinguishable))
             for x, p in zip(rows, d.predicted)]
-    verdict = list(d.verdict) + _extra_verdicts(rows, best, d.verdict[0].kind)
+    auto, vs_best = _auto_row(runs_by, best, target_ms, settings.temperature == 0)
+    verdict = list(d.verdict)
+    if om and auto and vs_best:  # after the headline (and its ties), before the cost model and the causes
+        at = 1 + bool(om.indistinguishable)
+        verdict[at:at] = [_auto_line(auto, vs_best, om.k)]
+    verdict += _extra_verdicts([*rows, *([auto] if auto else [])], best, d.verdict[0].kind)
+    methods = [0, *ks, *([None] if auto else [])]
     return SweepResult(header, settings, note, prompts, baseline, rows,
                        _verification(ks, verify_times, target_ms, context_tokens, d), d, verdict,
-                       [x for m in [0, *ks] for x in runs_by[m]])
+                       [x for m in methods for x in runs_by[m]], auto, vs_best)
+
+
+def _auto_row(runs_by: dict[int | None, list[SweepRun]], best: int | None, target_ms: float,
+              greedy: bool) -> tuple[KRow | None, Comparison | None]:
+    """The auto row (``runs_by[None]``), if it ran, and its paired tokens/s over the best fixed
+    K's: measurably faster marks it ★ (``is_optimum``), no measurable difference ≈."""
+    if not runs_by.get(None):
+        return None, None
+    row = k_row(None, runs_by[None], None, target_ms, greedy)
+    if best is None:
+        return row, None
+    auto_tps, best_tps = _paired_tps([None, best], runs_by)
+    c = median_ratio([a / b for a, b in zip(auto_tps, best_tps) if b > 0])
+    return replace(row, is_optimum=c.kind is Kind.FASTER, indistinguishable=c.kind is Kind.SAME), c
+
+
+def _auto_line(row: KRow, c: Comparison, k: int) -> Verdict:
+    """Auto against the best fixed K = ``k``, in words, of the kind of that comparison."""
+    sp = row.comparison
+    own = (f"auto (K per step, mean {fmt(row.mean_k, '{:.1f}')}) reaches {fmt(sp.ratio, '{:.2f}x')} target-only "
+           f"({row.tps:.1f} tok/s; {sp.describe()})")
+    if c.kind is Kind.FASTER:
+        return Verdict(c.kind, f"{own} — faster than the best fixed K = {k}: {c.ratio:.2f}x its tokens/s "
+                               f"({c.describe()})", c.interval)
+    if c.kind is Kind.SLOWER:
+        return Verdict(c.kind, f"{own} — slower than the best fixed K = {k}: {c.ratio:.2f}x its tokens/s "
+                               f"({c.describe()}); a fixed --k {k} is faster here", c.interval)
+    if c.kind is Kind.SAME:
+        return Verdict(c.kind, f"{own} — tied with the best fixed K = {k}: {c.ratio:.2f}x its tokens/s, no "
+                               f"measurable difference ({c.describe()}); auto does as well without choosing K",
+                       c.interval)
+    return Verdict(Kind.INFO, f"{own}; no paired runs to compare it with the best fixed K = {k}")
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -703,40 +744,42 @@ def _check_sweep_args(ks: Sequence[int] | str, max_tokens: int, warmup: int, rep
     return ks
 
 
-def _label(m: int) -> str:
-    return "target-only" if m == 0 else f"K={m}"
+def _label(m: int | None) -> str:
+    return "target-only" if m == 0 else "auto" if m is None else f"K={m}"
 
 
-def _sweep_round(run: Callable[[int, list[int]], Run], methods: list[int], rot: int, it: dict[str, Any],
-                 p: list[int], r: int, greedy: bool, report: Callable[[int, Run], None]) -> dict[int, SweepRun]:
+def _sweep_round(run: Callable[[int | None, list[int]], Run], methods: list[int | None], rot: int,
+                 it: dict[str, Any], p: list[int], r: int, greedy: bool,
+                 report: Callable[[int | None, Run], None]) -> dict[int | None, SweepRun]:
     """Every method once on one prompt, the order rotated by ``rot``; ratios to target-only."""
-    got: dict[int, Run] = {}
+    got: dict[int | None, Run] = {}
     for m in methods[rot:] + methods[:rot]:
         got[m] = run(m, p)
         report(m, got[m])
     base = got[0]
     return {m: SweepRun(m, it["id"], it["category"], r, x,
-                        ratio=(x.tps / base.tps if base.tps > 0 else None) if m else None,
-                        first_mismatch=first_mismatch(base.tokens, x.tokens) if m and greedy else None)
+                        ratio=(x.tps / base.tps if base.tps > 0 else None) if m != 0 else None,
+                        first_mismatch=first_mismatch(base.tokens, x.tokens) if m != 0 and greedy else None)
             for m, x in got.items()}
 
 
-def _time_sweep_runs(run: Callable[[int, list[int]], Run], methods: list[int], items: list[dict[str, Any]],
-                     ids: list[list[int]], repeats: int, greedy: bool, tick: Callable[[str], None],
-                     on_run: Callable[[dict[str, Any]], Any] | None) -> dict[int, list[SweepRun]]:
+def _time_sweep_runs(run: Callable[[int | None, list[int]], Run], methods: list[int | None],
+                     items: list[dict[str, Any]], ids: list[list[int]], repeats: int, greedy: bool,
+                     tick: Callable[[str], None],
+                     on_run: Callable[[dict[str, Any]], Any] | None) -> dict[int | None, list[SweepRun]]:
     """Every (repeat, prompt) round, the method order rotating round by round to spread drift."""
-    runs_by: dict[int, list[SweepRun]] = {m: [] for m in methods}
+    runs_by: dict[int | None, list[SweepRun]] = {m: [] for m in methods}
     done = {m: 0 for m in methods}
     rnd = 0
     for r in range(repeats):
         for it, p in zip(items, ids):
 
-            def report(m: int, x: Run, it: dict[str, Any] = it, r: int = r) -> None:
+            def report(m: int | None, x: Run, it: dict[str, Any] = it, r: int = r) -> None:
                 done[m] += 1
                 if on_run is not None:
                     on_run({"k": m, "prompt_id": it["id"], "category": it["category"], "repeat": r, "tps": x.tps,
-                            "accepted": list(x.accepted), "drafted": list(x.drafted), "done": done[m],
-                            "of": repeats * len(items)})
+                            "accepted": list(x.accepted), "drafted": list(x.drafted), "rooms": list(x.rooms),
+                            "done": done[m], "of": repeats * len(items)})
                 tick(f"{_label(m)} · {it['category']} #{it['id']} · repeat {r + 1}/{repeats}")
 
             got = _sweep_round(run, methods, rnd % len(methods), it, p, r, greedy, report)
@@ -763,23 +806,29 @@ def run_sweep(
     progress: Callable[[int, int, str], Any] | None = None,
     verify_reps: int = VERIFY_REPS,
     on_run: Callable[[dict[str, Any]], Any] | None = None,
+    auto: bool = True,
+    remeasure_cost: bool = False,
 ) -> SweepResult:
     """Sweep K for ``draft`` on ``model_spec`` (a ``loading.load`` spec or a loaded model).
 
     Prompts: ``runs.spec_bench_prompts(categories, per_category, prompts_file)`` (default: the
     first question of each of the six Spec-Bench subtasks). ``progress(done, total, label)``.
-    ``on_run(run)`` after every timed run, for live displays: plain values {k (0 = target-only),
-    prompt_id, category, repeat, tps, accepted, drafted (per step), done, of (runs of this K)}.
+    ``on_run(run)`` after every timed run, for live displays: plain values {k (0 = target-only,
+    None = auto), prompt_id, category, repeat, tps, accepted, drafted, rooms (per step), done, of
+    (runs of this K)}. ``auto``: time ``--k auto`` too, a fresh ``AutoK`` per run on this
+    machine's verify-cost curve (measured first if not cached, or with ``remeasure_cost``).
     JSON keys (``to_json``): schema, date, machine, backend, blas, mlx_version, mlx_lm_version,
     model, dtype, settings, note, prompts, baseline{tps, tps_min, tps_max, decode_tps,
     ms_per_token, runs}, rows[per K: k, tps, tps_min, tps_max, decode_tps, speedup, verdict,
     interval, speedup_min, speedup_max, acceptance, acceptance_cumulative, draft_coverage,
     mean_accepted, tokens_per_step, mean_drafted, draft_ms_per_token, draft_ms_per_step,
     verify_ms_per_step, verify_ms, verify_ratio, expected_tokens, predicted_tps,
-    predicted_speedup, greedy_identical, is_optimum, indistinguishable], verification{target_ms,
+    predicted_speedup, greedy_identical, is_optimum, indistinguishable, mean_k, label; the auto
+    row last, k null, label "auto"], verification{target_ms,
     per_k[{k, tokens, ms, ratio, ms_all}], slope, kind}, optimum_measured{k, tps, speedup,
     interval, indistinguishable}, optimum_predicted{k, tps, speedup}, pays, causes[{cause,
-    message}], verdict[{kind, text, interval}], runs[compact per-run rows].
+    message}], verdict[{kind, text, interval}], runs[compact per-run rows], auto_vs_best{k, ratio,
+    verdict, interval} (auto's paired tokens/s over the best fixed K's; null without auto).
     """
     from mlxspec.core.sampling import SamplingParams
 
@@ -790,12 +839,19 @@ def run_sweep(
         model_spec, draft, dtype, items, max_tokens,
         no_drafter="a sweep needs a drafter (got 'none'): e.g. --draft ngram:3 or self:8")
 
-    methods: list[int] = [0] + ks  # 0 = target-only
+    methods: list[int | None] = [0, *ks, *([None] if auto else [])]  # 0 = target-only, None = auto
     sizes = sorted({1} | {k + 1 for k in ks})
-    tick = progress_ticker(progress, warmup * len(methods) + verify_reps + repeats * len(items) * len(methods))
+    total = warmup * len(methods) + verify_reps + repeats * len(items) * len(methods)
+    policy = None
+    if auto:
+        say = (lambda text: progress(0, total, text)) if progress is not None else None
+        policy = k_policy("auto", lm, drafter, remeasure=remeasure_cost, log=say)
+    tick = progress_ticker(progress, total)
 
-    def run(m: int, p: list[int], n: int = max_tokens) -> Run:
-        return engine_run(lm, p, params, n, stop, seed, drafter if m else None, m or 1)
+    def run(m: int | None, p: list[int], n: int = max_tokens) -> Run:
+        # auto: a fresh policy every run (the template never drafts, so nothing carries over)
+        k = policy.fresh() if m is None else m or 1
+        return engine_run(lm, p, params, n, stop, seed, drafter if m != 0 else None, k)
 
     for w in range(warmup):
         for m in methods:
@@ -807,7 +863,8 @@ def run_sweep(
     settings = SweepSettings(ks, draft, float(temp), float(top_p), list(dict.fromkeys(it["category"] for it in items)),
                              per_category if prompts_file is None else None,
                              str(prompts_file) if prompts_file is not None else None, max_tokens, warmup,
-                             min(max_tokens, WARMUP_TOKENS), repeats, seed, verify_reps)
+                             min(max_tokens, WARMUP_TOKENS), repeats, seed, verify_reps,
+                             auto_max_k=policy.max_k if policy is not None else None)
     return summarise(ks, runs_by, vt, len(ids[0]), run_header(lm), settings, note, prepared_prompts(items, ids))
 
 
@@ -820,7 +877,8 @@ def _speedup_cell(row: KRow) -> str:
 
 
 def _k_cell(row: KRow) -> str:
-    return f"{row.k} ★" if row.is_optimum else f"{row.k} ≈" if row.indistinguishable else str(row.k)
+    name = f"auto ({fmt(row.mean_k, '{:.1f}')})" if row.k is None else str(row.k)
+    return f"{name} ★" if row.is_optimum else f"{name} ≈" if row.indistinguishable else name
 
 
 def _sweep_table(result: SweepResult):
@@ -834,7 +892,9 @@ def _sweep_table(result: SweepResult):
                  f"{s.warmup} warm-up; tok/s end-to-end, median \\[min-max] over runs; speedup: median per prompt, "
                  f"95% interval: bootstrap over (prompt, repeat) pairs; ★ best K, ≈ indistinguishable from it; "
                  f"acc: conditional acceptance by draft position; verify x1: one target pass over K+1 tokens / "
-                 f"one token (median of {s.verify_reps}); pred: cost model"),
+                 f"one token (median of {s.verify_reps}); pred: cost model"
+                 + ("; auto: K chosen per step (its mean in brackets), ★ if measurably faster than the best K, ≈ if "
+                    "not measurably different" if result.auto else "")),
     )
     for col, just in (("K", "right"), ("tok/s", "right"), ("min-max", "right"), ("speedup", "right"),
                       ("95% interval", "right"), ("acc by position", "left"), ("accepted/step", "right"),
@@ -845,7 +905,7 @@ def _sweep_table(result: SweepResult):
                   fmt(b.ms_per_token, "{:.1f}"), "1.00x", fmt(1e3 / v.target_ms if v.target_ms else None),
                   "1.00x", style="dim", end_section=True)
     best_p = result.optimum_predicted.k if result.optimum_predicted else None
-    for row in result.rows:
+    for row in result.all_rows:
         iv = row.comparison.interval
         table.add_row(
             _k_cell(row), fmt(row.tps), f"{fmt(row.tps_min)}-{fmt(row.tps_max)}", _speedup_cell(row),
@@ -853,12 +913,13 @@ def _sweep_table(result: SweepResult):
             fmt(row.draft_ms_per_token, "{:.2f}"), fmt(row.verify_ms_per_step), fmt(row.verify_ratio, "{:.2f}x"),
             fmt(row.predicted_tps) + (" ◆" if row.k == best_p else ""), fmt(row.predicted_speedup, "{:.2f}x"),
             style="bold green" if row.is_optimum and result.pays else "bold" if row.is_optimum else None,
+            end_section=row is result.rows[-1] and result.auto is not None,
         )
     return table
 
 
 def print_sweep(result: SweepResult, console) -> None:
-    """A rich table (target-only, then one row per K, the optimum starred), the verification
+    """A rich table (target-only, then one row per K and auto, the optimum starred), the verification
     parallelism and the verdict, each line coloured by its kind."""
     console.print(_sweep_table(result))
     v = result.verification
@@ -875,21 +936,22 @@ def print_sweep(result: SweepResult, console) -> None:
 CSV_FIELDS = ("k", "tps", "tps_min", "tps_max", "decode_tps", "speedup", "speedup_min", "speedup_max",
               "mean_accepted", "tokens_per_step", "mean_drafted", "draft_ms_per_token", "draft_ms_per_step",
               "verify_ms_per_step", "verify_ms", "verify_ratio", "expected_tokens", "predicted_tps",
-              "predicted_speedup", "is_optimum", "baseline_tps")
+              "predicted_speedup", "is_optimum", "baseline_tps", "mean_k")
 
 
 def write_csv(result: SweepResult, path: str | Path) -> Path:
-    """One row per K: the scalar columns ``CSV_FIELDS`` then acc_1..acc_maxK (conditional
-    acceptance by position; empty beyond K or where no step reached it)."""
+    """One row per K, then auto (k "auto"): the scalar columns ``CSV_FIELDS`` then
+    acc_1..acc_maxK (conditional acceptance by position; empty beyond K or where no step
+    reached it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    kmax = max((r.k for r in result.rows), default=0)
+    kmax = max((len(r.acceptance) for r in result.all_rows), default=0)
     acc_cols = [f"acc_{i + 1}" for i in range(kmax)]
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow([*CSV_FIELDS, *acc_cols])
-        for r in result.rows:
-            vals = {**r.to_json(), "baseline_tps": result.baseline.tps}
+        for r in result.all_rows:
+            vals = {**r.to_json(), "k": r.label, "baseline_tps": result.baseline.tps}
             acc = list(r.acceptance) + [None] * (kmax - len(r.acceptance))
             w.writerow([("" if vals.get(c) is None else vals[c]) for c in CSV_FIELDS]
                        + ["" if a is None else a for a in acc])
@@ -905,6 +967,12 @@ def _plot_throughput(ax, result: SweepResult) -> None:
             alpha=0.8, label="cost model prediction")
     ax.axhline(b.tps, color="tab:gray", linestyle="-", linewidth=1.5, label=f"target-only ({b.tps:.1f} tok/s)")
     ax.axhspan(b.tps_min, b.tps_max, color="tab:gray", alpha=0.12)
+    a = result.auto
+    if a is not None and a.mean_k is not None:  # at the mean K it chose
+        mark = " ★" if a.is_optimum else " ≈" if a.indistinguishable else ""
+        ax.errorbar([a.mean_k], [a.tps], yerr=[[a.tps - a.tps_min], [a.tps_max - a.tps]], marker="P", markersize=10,
+                    capsize=3, color="tab:cyan", markeredgecolor="black", linestyle="none", zorder=6,
+                    label=f"auto{mark}: K per step, mean {a.mean_k:.1f} ({fmt(a.speedup, '{:.2f}x')})")
     om, op = result.optimum_measured, result.optimum_predicted
     if om:
         ax.plot([om.k], [om.tps], marker="*", markersize=18, color="gold", markeredgecolor="black",
@@ -937,6 +1005,10 @@ def _plot_acceptance(ax, result: SweepResult) -> None:
     tw = ax.twinx()
     tw.plot(ks, [r.mean_accepted or 0.0 for r in rows], marker="^", linestyle=":", color="tab:red",
             label="mean accepted length")
+    a = result.auto
+    if a is not None and a.mean_k is not None and a.acceptance and a.acceptance[0] is not None:
+        ax.plot([a.mean_k], [a.acceptance[0]], marker="P", markersize=10, color="tab:cyan", markeredgecolor="black",
+                linestyle="none", label=f"auto: position 1, at its mean K {a.mean_k:.1f}")
     tw.set_ylabel("accepted drafts per step", color="tab:red")
     tw.set_ylim(0, max(1.0, 1.15 * max([r.mean_accepted or 0.0 for r in rows], default=0.0)))
     if result.optimum_measured:
@@ -964,7 +1036,8 @@ def _plot_verification(ax, result: SweepResult) -> None:
 
 def plot_sweep(result: SweepResult, path: str | Path) -> Path:
     """PNG, three panels against K: tokens/s (measured median with min-max bars, the cost model,
-    target-only as a horizontal line, the optimum starred); acceptance (first position, mean
+    target-only as a horizontal line, the optimum starred, auto as a cross at the mean K it
+    chose); acceptance (first position, mean
     over positions, accepted drafts per step); verify cost of K+1 tokens / one token against the
     flat and serial lines. Matplotlib with the Agg canvas (no display needed)."""
     try:

@@ -3,7 +3,8 @@
 One worker thread runs the whole sweep (``mlxspec.measure.sweep.run_sweep``: model loading,
 warm-up, verify timing, every run) and so owns all MLX state. It posts plain Python values: a
 progress tick, a summary of every timed run, the final ``SweepResult`` record. The app draws a chart that fills in
-per K as runs arrive (median tokens/s against the target-only line, share of drafts accepted),
+per K, and for ``--k auto`` (row "auto", with the mean K it chose), as runs arrive (median tokens/s against the
+target-only line, share of drafts accepted),
 marks the measured and predicted optima when the sweep ends, and shows the sweep's table and
 verdict beneath.
 
@@ -97,12 +98,13 @@ class _Stopped(Exception):
 # ----------------------------------------------------------------------------- the chart
 @dataclass
 class Series:
-    """What has been measured for one K so far (K = 0: target-only)."""
+    """What has been measured for one K so far (K = 0: target-only, None: auto)."""
 
-    k: int
+    k: int | None
     tps: list[float] = field(default_factory=list)
     accepted: int = 0
     steps: int = 0
+    rooms: int = 0  # drafts the engine allowed, summed over steps (auto: the Ks it chose)
     done: int = 0
     of: int = 0
 
@@ -110,7 +112,15 @@ class Series:
         self.tps.append(run["tps"])
         self.accepted += sum(run["accepted"])
         self.steps += len(run["accepted"])
+        self.rooms += sum(run.get("rooms", ()))
         self.done, self.of = run["done"], run["of"]
+
+    @property
+    def mean_k(self) -> float | None:
+        """K per step: the fixed K, or auto's mean choice so far."""
+        if self.k is not None:
+            return float(self.k)
+        return self.rooms / self.steps if self.steps else None
 
     @property
     def median_tps(self) -> float | None:
@@ -118,9 +128,11 @@ class Series:
 
     @property
     def acceptance(self) -> float | None:
-        """Accepted drafts per step / K, as ``plot_sweep``: a step where the drafter proposed
-        fewer than K tokens counts the missing ones as rejected, as the sweep's table does."""
-        return self.accepted / (self.k * self.steps) if self.k and self.steps else None
+        """Accepted drafts per step / K (auto: its mean K), as ``plot_sweep``: a step where the
+        drafter proposed fewer than K tokens counts the missing ones as rejected, as the sweep's
+        table does."""
+        k = self.mean_k
+        return self.accepted / (k * self.steps) if k and self.steps else None
 
     @property
     def accepted_per_step(self) -> float | None:
@@ -155,7 +167,7 @@ class _Layout:
     mark: int | None  # the cell of the target-only line
     name_w: int = 10
     value_w: int = 22
-    acc_w: int = 28
+    acc_w: int = 34
 
     @property
     def bar_w(self) -> int:
@@ -168,7 +180,7 @@ def _layout(width: int, values: Sequence[float], base_tps: float | None) -> _Lay
     return _Layout(width, scale, min(bar_w - 1, round(base_tps / scale * bar_w)) if base_tps else None)
 
 
-def _chart_legend(lay: _Layout, measured: bool, ended: bool) -> Text:
+def _chart_legend(lay: _Layout, measured: bool, ended: bool, auto: bool = False) -> Text:
     out = Text()
     out.append("tokens/s".ljust(lay.name_w + lay.bar_w), "bold")
     out.append(" " * lay.value_w)
@@ -178,6 +190,8 @@ def _chart_legend(lay: _Layout, measured: bool, ended: bool) -> Text:
     out.append(" target-only" if measured else " target-only: not measured yet", EMPTY_STYLE)
     out.append("   █", TPS_STYLE)
     out.append(" speculative, median of runs so far", EMPTY_STYLE)
+    if auto:
+        out.append("   auto: K chosen per step (K: its mean)", EMPTY_STYLE)
     if ended:
         out.append("   ★ best measured   ◆ best predicted by the cost model   ≈ indistinguishable from ★", EMPTY_STYLE)
     out.append("\n")
@@ -186,9 +200,10 @@ def _chart_legend(lay: _Layout, measured: bool, ended: bool) -> Text:
 
 @dataclass(frozen=True)
 class _Point:
-    """What one chart row shows: K (0 = target-only), tokens/s, speedup, accepted per step."""
+    """What one chart row shows: K (0 = target-only, None = auto), tokens/s, speedup, accepted
+    per step, and for auto the mean K it chose."""
 
-    k: int
+    k: int | None
     tps: float | None
     speedup: float | None = None
     per_step: float | None = None
@@ -196,6 +211,7 @@ class _Point:
     name: str = ""
     name_style: str = ""
     value_style: str = ""
+    mean_k: float | None = None
 
 
 def _chart_row(p: _Point, lay: _Layout) -> Text:
@@ -206,28 +222,31 @@ def _chart_row(p: _Point, lay: _Layout) -> Text:
         out.append("  waiting\n", EMPTY_STYLE)
         return out
     out.append(_bar(p.tps, lay.scale, lay.bar_w, BASE_STYLE if p.k == 0 else TPS_STYLE, None if p.k == 0 else lay.mark))
-    value = f" {p.tps:5.1f} tok/s" + (f" {p.speedup:4.2f}x" if p.k and p.speedup is not None else "")
+    value = f" {p.tps:5.1f} tok/s" + (f" {p.speedup:4.2f}x" if p.k != 0 and p.speedup is not None else "")
     value += f" {p.progress}" if p.progress else ""
     out.append(value.ljust(lay.value_w), "italic" if p.progress else p.value_style)
-    if p.k and p.per_step is not None:
-        acc = p.per_step / p.k
+    k = p.k if p.k is not None else p.mean_k
+    if p.k != 0 and p.per_step is not None and k:
+        acc = p.per_step / k
         out.append(" ")
         out.append(_bar(acc, 1.0, 10, ACC_STYLE, track="░"))
         out.append(f" {acc:4.0%} {p.per_step:4.2f}/step")
+    if p.k is None and p.mean_k is not None:
+        out.append(f" K {p.mean_k:.1f}")
     out.append("\n")
     return out
 
 
-def _live_points(ks: Sequence[int], series: dict[int, Series]) -> list[_Point]:
-    """Rows while the sweep runs: medians of the runs so far."""
+def _live_points(ks: Sequence[int], series: dict[int | None, Series], auto: bool = False) -> list[_Point]:
+    """Rows while the sweep runs: medians of the runs so far; auto last if it is swept."""
     base_tps = series[0].median_tps if 0 in series else None
     out = [_Point(0, base_tps, name="target")]
-    for k in ks:
+    for k in [*ks, *([None] if auto or None in series else [])]:
         s = series.get(k)
         tps = s.median_tps if s else None
         out.append(_Point(k, tps, tps / base_tps if tps is not None and base_tps else None,
                           s.accepted_per_step if s else None, f"{s.done}/{s.of}" if s and s.done < s.of else "",
-                          f"K={k}"))
+                          "auto" if k is None else f"K={k}", mean_k=s.mean_k if s and k is None else None))
     return out
 
 
@@ -236,24 +255,27 @@ def _final_points(result: SweepResult) -> list[_Point]:
     best_pred = result.optimum_predicted.k if result.optimum_predicted else None
     headline = style(result.verdict[0].kind) if result.verdict else ""
     out = [_Point(0, result.baseline.tps, name="target")]
-    for r in result.rows:
+    for r in result.all_rows:
         mark = " ★" if r.is_optimum else " ≈" if r.indistinguishable else ""
-        out.append(_Point(r.k, r.tps, r.speedup, r.mean_accepted, "", f"K={r.k}{mark}" + (" ◆" if r.k == best_pred else ""),
-                          (headline or "bold") if r.is_optimum else "", "bold" if r.is_optimum else ""))
+        name = "auto" if r.k is None else f"K={r.k}"
+        out.append(_Point(r.k, r.tps, r.speedup, r.mean_accepted, "", name + mark + (" ◆" if r.k == best_pred else ""),
+                          (headline or "bold") if r.is_optimum else "", "bold" if r.is_optimum else "",
+                          r.mean_k if r.k is None else None))
     return out
 
 
-def chart_text(ks: Sequence[int], series: dict[int, Series], width: int,
-               result: SweepResult | None = None) -> Text:
-    """The live chart: a row for target-only and one per K, tokens/s as a bar (median of the runs
+def chart_text(ks: Sequence[int], series: dict[int | None, Series], width: int,
+               result: SweepResult | None = None, auto: bool = False) -> Text:
+    """The live chart: a row for target-only, one per K and one for auto (with ``auto``, or once
+    an auto run arrived: the mean K it chose at the end of the row), tokens/s as a bar (median of the runs
     so far, the target-only median as a line through every row), then the speedup, the share of
     drafts accepted as a second bar and accepted drafts per step. With ``result`` (the sweep
     has ended) the medians are the result's and the optima are marked: ★ measured, ◆ predicted,
     ≈ indistinguishable from the best; the verdict follows, each line coloured by its kind."""
-    points = _final_points(result) if result else _live_points(ks, series)
+    points = _final_points(result) if result else _live_points(ks, series, auto)
     base_tps = points[0].tps
     lay = _layout(width, [p.tps for p in points if p.tps is not None], base_tps)
-    out = _chart_legend(lay, base_tps is not None, result is not None)
+    out = _chart_legend(lay, base_tps is not None, result is not None, any(p.k is None for p in points))
     for p in points:
         out.append(_chart_row(p, lay))
     if result:
@@ -272,7 +294,7 @@ class SweepChart(Widget):
     def render(self) -> Text:
         app = self.app
         assert isinstance(app, SweepApp)
-        return chart_text(app.ks, app.series, self.content_size.width or 100, app.result)
+        return chart_text(app.ks, app.series, self.content_size.width or 100, app.result, app.auto)
 
 
 class _Printed:
@@ -301,12 +323,13 @@ class SweepApp(App[None], inherit_bindings=False):
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
 
-    def __init__(self, runner: SweepRunner, ks: Sequence[int], description: str = "") -> None:
+    def __init__(self, runner: SweepRunner, ks: Sequence[int], description: str = "", auto: bool = True) -> None:
         super().__init__()
         self.runner = runner
         self.ks = sorted(ks)
+        self.auto = auto  # an auto row (waiting until its first run) next to the fixed Ks
         self.description = description
-        self.series: dict[int, Series] = {}
+        self.series: dict[int | None, Series] = {}
         self.result: SweepResult | None = None
         self.error: str | None = None
         self.finished = False  # the worker has returned, whatever the outcome
@@ -371,8 +394,10 @@ class SweepApp(App[None], inherit_bindings=False):
         bar = self.query_one(ProgressBar)
         bar.update(total=bar.total or 1, progress=bar.total or 1)
         om = r.optimum_measured
+        a = r.auto
+        auto = f"; auto {a.speedup:.2f}x (K {a.mean_k:.1f})" if a and a.speedup is not None and a.mean_k is not None else ""
         self.query_one("#phase", Label).update(
-            f"done: best K = {om.k}, {om.speedup:.2f}x target-only" if om else "done")
+            f"done: best K = {om.k}, {om.speedup:.2f}x target-only{auto}" if om else "done")
         self.query_one(SweepChart).refresh(layout=True)
         self.query_one("#table", Static).update(_Printed(r))
 
@@ -413,11 +438,12 @@ def sweep_runner(**kwargs: Any) -> SweepRunner:
     return run
 
 
-def describe(ks: Sequence[int], model: str, draft: str, temp: float, max_tokens: int, repeats: int) -> str:
+def describe(ks: Sequence[int], model: str, draft: str, temp: float, max_tokens: int, repeats: int,
+             auto: bool = False) -> str:
     ks = sorted(ks)
     span = f"{ks[0]}..{ks[-1]}" if ks == list(range(ks[0], ks[-1] + 1)) and len(ks) > 2 else ",".join(map(str, ks))
     mode = "greedy" if temp == 0 else f"T={temp:g}"
-    return f"{model} + {draft}, K {span}, {mode}, {max_tokens} tokens, {repeats} repeat(s)"
+    return f"{model} + {draft}, K {span}{' + auto' if auto else ''}, {mode}, {max_tokens} tokens, {repeats} repeat(s)"
 
 
 @dataclass(frozen=True)
@@ -461,30 +487,52 @@ class _Script:
         return Run(list(range(self.tokens)), 20, 0.1 * total, 0.9 * total, acc[0] + 1, "length", acc, [k] * n,
                    [k] * n, [self.draft_ms * k] * n, [self.verify_ms(k) if k else self.target_ms] * n)
 
+    def auto_run(self, i: int) -> Run:
+        """``--k auto``: K chosen per step around the best fixed K (the model's, without jitter),
+        about as fast as it but with its own jitter, so the two pair up noisily."""
+        best = max(range(1, 9), key=lambda k: self.tps(k, -k))  # jitter index (i + k) = 0: no jitter
+        rng, acc, rooms, emitted = random.Random(7000 + i), [], [], 0
+        while emitted < self.tokens:
+            room, a = max(1, best + rng.choice((-1, 0, 0, 1))), 0
+            while a < room and rng.random() < self.acceptance(room)[a]:
+                a += 1
+            acc.append(a)
+            rooms.append(room)
+            emitted += a + 1
+        total = self.tokens / self.tps(best, i + 3)
+        return Run(list(range(self.tokens)), 20, 0.1 * total, 0.9 * total, acc[0] + 1, "length", acc, rooms, rooms,
+                   [self.draft_ms * r for r in rooms], [self.verify_ms(r) for r in rooms])
 
-def _demo_summary(ks: list[int], runs_by: dict[int, list[SweepRun]], script: _Script, prompts: int) -> SweepResult:
+
+def _demo_summary(ks: list[int], runs_by: dict[int | None, list[SweepRun]], script: _Script,
+                  prompts: int) -> SweepResult:
     """The scripted runs through the sweep's own summary, as a real sweep's."""
     from mlxspec.measure.runs import Machine, RunHeader
     from mlxspec.measure.sweep import SweepSettings, summarise
 
     vt = {1: [script.target_ms] * 3, **{k + 1: [script.verify_ms(k)] * 3 for k in ks}}
     header = RunHeader("demo", Machine("demo", "demo", None), "no model", None, "-", None, "demo", "scripted")
-    settings = SweepSettings(list(ks), "demo", 0.0, 1.0, ["demo"], None, None, script.tokens, 1, 1, 1, 0, 3)
+    settings = SweepSettings(list(ks), "demo", 0.0, 1.0, ["demo"], None, None, script.tokens, 1, 1, 1, 0, 3,
+                             auto_max_k=8 if None in runs_by else None)
     return summarise(ks, runs_by, vt, 20, header, settings, "demo data: scripted numbers, no model ran",
                      [{"id": p, "category": "demo", "prompt_tokens": 20} for p in range(prompts)])
 
 
 def demo_runner(ks: Sequence[int] = (1, 2, 3, 4, 6, 8), prompts: int = 6, delay: float = 0.0,
-                before_run: Callable[[], None] | None = None) -> SweepRunner:
+                before_run: Callable[[], None] | None = None, auto: bool = True) -> SweepRunner:
     """Scripted, deterministic runs through ``run_sweep``'s summary, no model: for tests and
-    ``--demo``. ``before_run`` is called before each timed run (tests use it to hold the sweep)."""
+    ``--demo``. ``before_run`` is called before each timed run (tests use it to hold the sweep).
+    ``auto``: an auto row too (scripted ``--k auto``), in the same rotation as the fixed Ks."""
     from mlxspec.measure.sweep import SweepRun
 
     ks = sorted(ks)
     script = _Script()
 
+    def name(m: int | None) -> str:
+        return "target-only" if m == 0 else "auto" if m is None else f"K={m}"
+
     def run(progress: Progress, on_run: OnRun) -> SweepResult:
-        methods = [0, *ks]
+        methods: list[int | None] = [0, *ks, *([None] if auto else [])]
         total = len(methods) + 3 + prompts * len(methods)
         done = 0
 
@@ -495,22 +543,23 @@ def demo_runner(ks: Sequence[int] = (1, 2, 3, 4, 6, 8), prompts: int = 6, delay:
             progress(done, total, label)
 
         for m in methods:
-            tick(f"warm-up 1/1 · {'target-only' if m == 0 else f'K={m}'}")
+            tick(f"warm-up 1/1 · {name(m)}")
         for r in range(3):
             tick(f"verify cost · {r + 1}/3 rounds")
-        runs_by: dict[int, list[SweepRun]] = {m: [] for m in methods}
+        runs_by: dict[int | None, list[SweepRun]] = {m: [] for m in methods}
         for p in range(prompts):
             rot = p % len(methods)
-            got: dict[int, Run] = {}
+            got: dict[int | None, Run] = {}
             for m in methods[rot:] + methods[:rot]:
                 if before_run is not None:
                     before_run()
-                got[m] = x = script.run(m, p)
+                got[m] = x = script.auto_run(p) if m is None else script.run(m, p)
                 on_run({"k": m, "prompt_id": p, "category": "demo", "repeat": 0, "tps": x.tps,
-                        "accepted": list(x.accepted), "drafted": list(x.drafted), "done": p + 1, "of": prompts})
-                tick(f"{'target-only' if m == 0 else f'K={m}'} · demo #{p} · repeat 1/1")
+                        "accepted": list(x.accepted), "drafted": list(x.drafted), "rooms": list(x.rooms),
+                        "done": p + 1, "of": prompts})
+                tick(f"{name(m)} · demo #{p} · repeat 1/1")
             for m in methods:
-                runs_by[m].append(SweepRun(m, p, "demo", 0, got[m], got[m].tps / got[0].tps if m else None))
+                runs_by[m].append(SweepRun(m, p, "demo", 0, got[m], got[m].tps / got[0].tps if m != 0 else None))
         return _demo_summary(ks, runs_by, script, prompts)
 
     return run
@@ -520,7 +569,7 @@ def run_sweep_tui(ks: Sequence[int], description: str = "", **kwargs: Any) -> Sw
     """Run the sweep in the live app until the user quits. Returns the result, or None when
     the user stopped it first; a failure shown in the app is raised again as ``MlxspecError``
     once the app has closed, so the CLI reports it as any other error."""
-    app = SweepApp(sweep_runner(ks=ks, **kwargs), ks, description)
+    app = SweepApp(sweep_runner(ks=ks, **kwargs), ks, description, auto=kwargs.get("auto", True))
     app.run()
     app.wait_for_worker_exit()
     if app.error is not None:
@@ -557,7 +606,7 @@ def main() -> None:
     else:
         app = SweepApp(sweep_runner(ks=ks, draft=a.draft, max_tokens=a.max_tokens, per_category=a.per_category,
                                     categories=a.category),
-                       ks, describe(ks, "default", a.draft, 0.0, a.max_tokens, 1))
+                       ks, describe(ks, "default", a.draft, 0.0, a.max_tokens, 1, auto=True))
     if not a.screenshot:
         app.run()
         app.wait_for_worker_exit()
