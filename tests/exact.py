@@ -1,0 +1,298 @@
+"""The exact output distribution of the real engine, by enumerating its random choices.
+
+All of the engine's randomness flows through two MLX primitives: ``mx.random.categorical``
+(the drafter sampling a draft token, the verifier sampling the correction or bonus token) and
+``mx.random.uniform`` (the verifier's accept test). ``engine_distribution`` replaces both with an
+*enumerating* source and re-runs ``engine.generate`` (real drafter, real target, real cache
+rollback) once per path through those choices, depth first, multiplying the probabilities of the
+branches each run took. Summing over the paths gives P(first H emitted tokens = t) exactly (up to
+float32 rounding inside the engine), which a test compares with the target's own joint.
+
+* A categorical draw branches over its support with weights softmax(logits): that is its
+  definition, so a drafter that samples from another distribution than the q it reports, or a
+  verifier that samples from the wrong residual, shows in the result.
+* The accept test of draft i branches in two: accept with weight r_i = min(1, p_i(d_i)/q_i(d_i)),
+  computed here in float64 from the very p and q the engine hands to the verifier, and reject with
+  1 - r_i. The verifier itself then decides, fed u = r_i / 2 (middle of the accept interval) or
+  (1 + r_i) / 2 (middle of the reject interval); if its decision differs from the branch (a wrong
+  threshold), the enumeration stops with an error. The accept branch of draft i is taken right
+  after draft i is drawn (u_i is independent of later drafts), so a rejected draft's successors
+  are never enumerated.
+* Only choices that can change the first H tokens branch: a draft that lands past position H or
+  follows a rejected one is drawn once (its argmax; summing its branches would give the same
+  answer), and the token at position H is not re-run per value but spread over its distribution
+  ("fan"), after checking that the engine emitted the value it was given.
+
+It assumes a chain drafter (one categorical draw per draft token, in order, or none at all as
+prompt lookup) and the engine calling ``engine.rejection_verify`` once per step; anything else
+fails loudly rather than giving a wrong answer. Zero-probability branches are skipped; an accept
+branch that turns out to have weight 0 ends its run early, and the reject branch of a draft the
+target keeps with certainty is never run. What this cannot see: correlations between the engine's random keys (every draw here is
+independent by construction). A small seeded sampling run covers that.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
+from mlxspec.core import engine
+from mlxspec.core.events import Event, Step
+
+
+class EnumerationError(AssertionError):
+    """The engine did not do what the branch it was given implies."""
+
+
+class _Dead(Exception):
+    """The path's accept branch has probability 0: nothing under it counts."""
+
+    def __init__(self, point: int):
+        self.point = point
+
+
+@dataclass
+class _Point:
+    branches: int
+    taken: int
+    weight: float | None = None  # an accept branch learns its weight at verify time
+
+    @property
+    def certain(self) -> bool:
+        """The branch taken had probability 1: its siblings need no run."""
+        return self.weight is not None and self.weight >= 1.0
+
+
+@dataclass
+class Enumeration:
+    """P(first H tokens), shape (V,) * H, and what the enumeration went through."""
+
+    joint: np.ndarray
+    runs: int = 0  # engine.generate calls
+    dead_runs: int = 0  # runs cut short on a zero-probability accept branch
+    leaves: int = 0  # weighted outcomes summed (fans count once per value)
+    # Exact expectations over the steps that produce the first H tokens: how many steps of each
+    # kind ("plain": nothing drafted; "rejected": a draft refused, a correction drawn; "all kept":
+    # every draft kept, then the bonus token; "past the horizon": every draft up to token H kept,
+    # later ones not judged), and how many drafts were judged and kept within the horizon.
+    steps: dict[str, float] = field(default_factory=dict)
+    judged: float = 0.0
+    accepted: float = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.judged
+
+    @property
+    def total(self) -> float:
+        return float(self.joint.sum())
+
+
+class _Oracle:
+    def __init__(self, horizon: int, vocab: int):
+        self.horizon, self.vocab = horizon, vocab
+        self.script: list[int] = []
+
+    # --------------------------------------------------------------- per run / per step state
+    def start_run(self) -> None:
+        self.path: list[_Point] = []
+        self.fan: tuple[int, np.ndarray, np.ndarray] | None = None  # (returned value, values, weights)
+        self.emitted = 0
+        self.start_step()
+
+    def start_step(self) -> None:
+        self.drafts = 0  # draft tokens drawn so far this step
+        self.accept_points: dict[int, int] = {}  # draft index -> index of its accept point in path
+        self.all_accepted = True  # every accept branch taken so far this step is "accept"
+        self.in_verify = False
+        self.verify_draws = 0
+        self.uniform_values: np.ndarray | None = None
+        self.expect: tuple[int, bool] | None = None  # (scripted accepted prefix, it ends in a rejection)
+
+    def _choose(self, branches: int, weight: float | None = None) -> _Point:
+        i = len(self.path)
+        taken = self.script[i] if i < len(self.script) else 0
+        if taken >= branches:
+            raise EnumerationError("the engine is not deterministic under a fixed script")
+        point = _Point(branches, taken, weight)
+        self.path.append(point)
+        return point
+
+    # --------------------------------------------------------------- the patched primitives
+    def categorical(self, logits, axis=-1, shape=None, num_samples=None, key=None):
+        if shape is not None or num_samples is not None or logits.ndim != 1 or axis not in (-1, 0):
+            raise EnumerationError(f"categorical over shape {logits.shape} is not enumerated")
+        if not self.in_verify:
+            self.drafts += 1
+            if not self.all_accepted or self.emitted + self.drafts > self.horizon:
+                # Follows a rejected draft, or lands past the horizon: never judged. Stay lazy.
+                return mx.argmax(logits).astype(mx.uint32)
+        lp = np.array(logits.astype(mx.float32), dtype=np.float64)
+        w = np.exp(lp - lp.max())
+        w /= w.sum()
+        support = np.flatnonzero(w > 0)
+        if self.in_verify:
+            self.verify_draws += 1
+            if self.verify_draws > 1:
+                raise EnumerationError("the verifier drew more than one token in a step")
+            accepted, _ = self.expect
+            position = self.emitted + accepted + 1
+        else:
+            position = self.emitted + self.drafts
+        if position > self.horizon:
+            return mx.array(int(support[np.argmax(w[support])]), mx.uint32)
+        if self.in_verify and position == self.horizon:
+            value = int(support[0])
+            self.fan = (value, support, w[support])
+            return mx.array(value, mx.uint32)
+        point = self._choose(len(support))
+        value = int(support[point.taken])
+        point.weight = float(w[value])
+        if not self.in_verify:  # its accept test, chosen now so that later drafts know
+            accept = self._choose(2)
+            self.accept_points[self.drafts - 1] = len(self.path) - 1
+            self.all_accepted = accept.taken == 0
+        return mx.array(value, mx.uint32)
+
+    def uniform(self, low=0.0, high=1.0, shape=(), dtype=mx.float32, key=None, **kw):
+        if (not self.in_verify or self.uniform_values is None or tuple(shape) != self.uniform_values.shape
+                or (low, high) != (0.0, 1.0) or kw):
+            raise EnumerationError(f"an unexpected uniform draw: shape {shape}, range [{low}, {high})")
+        u, self.uniform_values = self.uniform_values, None
+        return mx.array(u.astype(np.float32))
+
+    def verifier(self, inner: Callable) -> Callable:
+        def verify(draft, q, p, key):
+            mx.eval(draft, p, q)  # one wait for all three
+            d = np.array(draft).astype(np.int64)
+            pn = np.array(p.astype(mx.float32), dtype=np.float64)
+            qn = None if q is None else np.array(q.astype(mx.float32), dtype=np.float64)
+            u = np.full(d.shape[0], 0.5)
+            accepted, rejected = 0, False
+            for i, tok in enumerate(d):
+                if rejected or self.emitted + i + 1 > self.horizon:
+                    break
+                pd, qd = pn[i, tok], (1.0 if qn is None else qn[i, tok])
+                r = 1.0 if pd >= qd else pd / qd
+                r = r if pd > 0 else 0.0
+                j = self.accept_points.get(i)
+                if j is None:  # a drafter that draws nothing (prompt lookup): choose it now
+                    self._choose(2)
+                    j = len(self.path) - 1
+                point = self.path[j]
+                keep = point.taken == 0
+                point.weight = r if keep else 1.0 - r
+                if point.weight <= 0:
+                    raise _Dead(j)
+                u[i] = r / 2 if keep else (1 + r) / 2
+                accepted += keep
+                rejected = not keep
+            self.expect = (accepted, rejected)
+            self.uniform_values = u
+            self.in_verify = True
+            try:
+                return inner(draft, q, p, key)
+            finally:
+                self.in_verify = False
+
+        return verify
+
+
+def engine_distribution(run: Callable[[], Iterator[Event]], horizon: int, vocab: int, monkeypatch,
+                        max_runs: int = 200_000) -> Enumeration:
+    """Enumerate every path of ``run()`` (a fresh ``engine.generate`` iterator per call) through
+    its random choices; return the exact distribution of its first ``horizon`` emitted tokens.
+
+    ``monkeypatch`` (pytest's) installs the enumerating primitives and wraps whatever
+    ``engine.rejection_verify`` is at call time (so a test may have replaced it first)."""
+    oracle = _Oracle(horizon, vocab)
+    with monkeypatch.context() as mp:
+        mp.setattr(engine, "rejection_verify", oracle.verifier(engine.rejection_verify))
+        mp.setattr(mx.random, "categorical", oracle.categorical)
+        mp.setattr(mx.random, "uniform", oracle.uniform)
+        return _enumerate(oracle, run, horizon, vocab, max_runs)
+
+
+def _enumerate(oracle: _Oracle, run, horizon: int, vocab: int, max_runs: int) -> Enumeration:
+    result = Enumeration(np.zeros((vocab,) * horizon))
+    while True:
+        result.runs += 1
+        if result.runs > max_runs:
+            raise EnumerationError(f"more than {max_runs} runs: is the horizon or vocabulary too large?")
+        oracle.start_run()
+        cut = None
+        try:
+            tokens, kinds = _one_run(oracle, run, horizon)
+        except _Dead as dead:
+            result.dead_runs += 1
+            cut = dead.point
+        if cut is None:
+            weight = float(np.prod([pt.weight for pt in oracle.path]))
+            if oracle.fan is None:
+                result.joint[tuple(tokens[:horizon])] += weight
+                result.leaves += 1
+            else:
+                value, values, weights = oracle.fan
+                if tokens[horizon - 1] != value:
+                    raise EnumerationError(f"token {horizon} is {tokens[horizon - 1]}, the verifier drew {value}")
+                for v, wv in zip(values, weights):
+                    result.joint[tuple(tokens[: horizon - 1]) + (int(v),)] += weight * wv
+                result.leaves += len(values)
+            for kind, judged, accepted in kinds:
+                result.steps[kind] = result.steps.get(kind, 0.0) + weight
+                result.judged += weight * judged
+                result.accepted += weight * accepted
+        # Next path: the deepest choice with an untried branch (not below a dead accept branch).
+        path = oracle.path if cut is None else oracle.path[: cut + 1]
+        i = len(path) - 1
+        while i >= 0 and (path[i].taken + 1 >= path[i].branches or path[i].certain):
+            i -= 1
+        if i < 0:
+            return result
+        oracle.script = [pt.taken for pt in path[:i]] + [path[i].taken + 1]
+
+
+def _one_run(oracle: _Oracle, run, horizon: int) -> tuple[list[int], list[tuple[str, int, int]]]:
+    tokens: list[int] = []
+    kinds: list[tuple[str, int, int]] = []
+    gen = run()
+    try:
+        for ev in gen:
+            if not isinstance(ev, Step):
+                continue
+            if oracle.expect is None:
+                raise EnumerationError("a step that did not go through rejection_verify")
+            accepted, rejected = oracle.expect
+            if rejected and ev.accepted != accepted or not rejected and ev.accepted < accepted:
+                raise EnumerationError(
+                    f"the verifier kept {ev.accepted} drafts where the branch taken keeps {accepted}"
+                    f"{' then rejects' if rejected else ''} (its accept threshold is not min(1, p/q))")
+            kind = ("plain" if ev.k == 0 else "rejected" if rejected else "all kept" if accepted == ev.k
+                    else "past the horizon")
+            kinds.append((kind, accepted + rejected, accepted))
+            tokens += ev.emitted
+            if len(tokens) >= horizon:
+                break
+            oracle.emitted = len(tokens)
+            oracle.start_step()
+    finally:
+        gen.close()
+    if len(tokens) < horizon:
+        raise EnumerationError(f"the engine emitted {len(tokens)} tokens, fewer than the horizon {horizon}")
+    return tokens, kinds
+
+
+def target_joint(next_probs: Callable[[list[list[int]]], np.ndarray], prompt: list[int], vocab: int,
+                 horizon: int) -> np.ndarray:
+    """P(first ``horizon`` tokens) of target-only sampling, by enumerating every prefix;
+    ``next_probs(sequences)`` gives the (len, V) float64 next-token distributions."""
+    joint = np.ones(())
+    for depth in range(horizon):
+        prefixes = [prompt + list(t) for t in itertools.product(range(vocab), repeat=depth)]
+        joint = joint[..., None] * next_probs(prefixes).reshape((vocab,) * depth + (vocab,))
+    return joint
