@@ -404,3 +404,26 @@ def test_quick_verify_passes(lm):
     equivalence.print_verify(result, Console(file=buf, width=120))
     text = buf.getvalue()
     assert "chi2 =" in text and f"dof = {s['dof']}" in text and "verify: PASS" in text
+
+
+def tiny_eagle(target: Llama, vocab_ids: list[int]):
+    """An eagle head on the tiny target with random weights, over a subset of the vocabulary:
+    the token outside it has q = 0, which verification must handle exactly."""
+    from mlxspec.core.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+
+    mx.random.seed(2)
+    cfg = EagleConfig(hidden_size=CFG.hidden_size, intermediate_size=CFG.intermediate_size, num_heads=CFG.num_heads,
+                      num_kv_heads=CFG.num_kv_heads, head_vocab=len(vocab_ids), target_vocab=VOCAB)
+    head = EagleHead(cfg, mx.array(vocab_ids), target.model.embed_tokens)
+    head.lm_head.weight = head.lm_head.weight * 3.0
+    mx.eval(head.parameters())
+    return EagleDrafter(head, "eagle")
+
+
+@pytest.mark.parametrize("k, params, max_tokens", [
+    pytest.param(2, SamplingParams(temperature=1.0), 3, id="K2-T1"),
+    pytest.param(4, SamplingParams(temperature=0.7), 5, id="K4-T0.7"),
+])
+def test_engine_with_an_eagle_head_is_exactly_the_targets(target, k, params, max_tokens, monkeypatch):
+    e = check_config(target, tiny_eagle(target, [0, 1, 3]), params, k, max_tokens, monkeypatch)
+    assert e.steps.get("all kept", 0) + e.steps.get("past the horizon", 0) > 0.01
