@@ -44,10 +44,10 @@ generate: setup
 	$(MLXSPEC) generate "$(PROMPT)" --max-tokens 128
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not model and not slow"
+	$(PY) -m pytest -q -m "not model"
 
 bench: setup
 	$(MLXSPEC) bench --baseline --out out/bench-baseline.json
