@@ -114,7 +114,7 @@ def test_training_unroll_matches_what_drafting_computes(target):
         pred, z = head(feats[None, :anchor], mx.array([seq[1 : anchor + 1]]), cache)
         for j in range(3):
             slot = anchor - 1 + j
-            np.testing.assert_allclose(np.array(z[0, -1]), np.array(outs[j][1][0, slot]), rtol=2e-4, atol=2e-4)
+            np.testing.assert_allclose(np.array(z[0, -1]), np.array(head.lm_head(outs[j][0, slot])), rtol=2e-4, atol=2e-4)
             # teacher-forced: the next input token is the data's, as in training
             pred, z = head(pred[:, -1:], mx.array([[seq[slot + 2]]]), cache)
 
@@ -238,3 +238,64 @@ def test_dummy_path_is_not_an_eagle_folder(tmp_path: Path):
     from mlxspec.training.eagle import is_head_folder
 
     assert not is_head_folder(tmp_path)
+
+
+# ----------------------------------------------------------------------------- on the real target
+
+
+@pytest.fixture(scope="module")
+def quick_eagle(tmp_path_factory):
+    """`mlxspec train-draft --arch eagle --quick` on the real target (about two minutes)."""
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    out = tmp_path_factory.mktemp("eagle") / "head"
+    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle", "--quick", "--loss", "eal", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    return out, json.loads(r.stdout)
+
+
+@pytest.mark.model
+def test_quick_eagle_training_improves_acceptance_and_writes_a_card(quick_eagle):
+    out, summary = quick_eagle
+    history = summary["history"]
+    first = np.mean([h["accept_1"] for h in history[:5]])
+    last = np.mean([h["accept_1"] for h in history[-5:]])
+    assert last > first
+    assert (out / "head.safetensors").is_file() and "Reproduce: `mlxspec train-draft --arch eagle" in (out / "README.md").read_text()
+
+
+@pytest.mark.model
+def test_greedy_with_the_trained_head_on_the_real_model_is_target_only(quick_eagle, lm):
+    from mlxspec.targets.drafts import make_drafter
+    from mlxspec.targets.tokenizer import encode_prompt
+
+    out, _ = quick_eagle
+    ids = encode_prompt(lm.tokenizer, "Name three rivers in Europe.")
+    stop = set(lm.tokenizer.eos_token_ids)
+    want = [t for ev in generate(lm.model, ids, GREEDY, 24, stop, lm.context_length) if isinstance(ev, Step)
+            for t in ev.emitted]
+    for k in (1, 4, 8):
+        drafter = make_drafter(str(out), lm)
+        got = [t for ev in generate(lm.model, ids, GREEDY, 24, stop, lm.context_length, 0, drafter, k)
+               if isinstance(ev, Step) for t in ev.emitted]
+        assert got == want, k
+
+
+@pytest.mark.model
+def test_cli_bad_heads_and_arch_are_one_line_errors(quick_eagle, tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    out, _ = quick_eagle
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    (broken / "head.safetensors").write_bytes((broken / "head.safetensors").read_bytes()[:64])
+    r = CliRunner().invoke(app, ["generate", "hi", "-n", "4", "--draft", str(broken), "--k", "2"])
+    assert r.exit_code == 2 and r.output.count("error:") == 1 and "cannot read head.safetensors" in r.output
+    r = CliRunner().invoke(app, ["train-draft", "--arch", "medusa", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "unknown --arch 'medusa'" in r.output

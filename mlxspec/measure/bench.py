@@ -403,6 +403,7 @@ NGRAM_NO_PEER = ("mlx-lm's speculative decoding needs a draft model; prompt look
                  "has no mlx-lm equivalent")
 MLX_LM_NOTE = ("accepted tokens per step rebuilt from stream_generate's from_draft flags; at T > 0 "
                "mlx-lm accepts a draft only if the target's sampled token equals it")
+EAGLE_PEER_LAYERS = 8  # mlx-lm's draft beside an eagle head: the target's first 8 layers
 MLX_LM_K_WITH_AUTO = 4  # mlx-lm has no auto K: its peer drafts this many under --k auto
 
 
@@ -522,10 +523,15 @@ def _self_draft_llama(lm, num_layers: int):
 def mlx_lm_peer(lm, draft: str, drafter) -> Peer:
     """mlx-lm's speculative decoding with the same pair, in mlx-lm's llama class sharing our arrays."""
     from mlxspec.core.drafters import ModelDrafter
+    from mlxspec.core.drafters.eagle import EagleDrafter
     from mlxspec.targets import loading
     from mlxspec.training.draft import DraftModel, as_llama
 
-    if not isinstance(drafter, ModelDrafter):
+    if isinstance(drafter, EagleDrafter):
+        # mlx-lm cannot run a head that reads the target's features; its best draft here is a
+        # plain model, so it gets the target's own first layers (BENCHMARKS §3).
+        drafter = ModelDrafter(lm.model, f"self:{EAGLE_PEER_LAYERS}", num_layers=EAGLE_PEER_LAYERS)
+    elif not isinstance(drafter, ModelDrafter):
         return Peer(reason=NGRAM_NO_PEER if draft.startswith("ngram") else f"no mlx-lm peer for drafter {draft!r}")
     src = drafter.model
     if drafter.num_layers is not None:  # self:L -> a truncated copy: embed, layers[:L], norm, head

@@ -96,15 +96,15 @@ class _StepKeys:
         return k, v
 
 
-def unroll(head: EagleHead, features: mx.array, tokens: mx.array, k: int) -> list[tuple[mx.array, mx.array]]:
-    """(predicted features, reduced logits) of each of ``k`` steps over all slots."""
+def unroll(head: EagleHead, features: mx.array, tokens: mx.array, k: int) -> list[mx.array]:
+    """The predicted features of each of ``k`` steps over all slots."""
     _, length, _ = features.shape
     positions = mx.arange(length)
     keys = _StepKeys(None, None)
     outs, inp = [], features
     for step in range(1, k + 1):
-        pred, z = head(inp, tokens, [keys], mask=unroll_mask(length, step), positions=positions)
-        outs.append((pred, z))
+        pred = head.predict(inp, tokens, [keys], mask=unroll_mask(length, step), positions=positions)
+        outs.append(pred)
         inp = mx.concatenate([mx.zeros_like(pred[:, :1]), pred[:, :-1]], axis=1)
     return outs
 
@@ -146,29 +146,40 @@ def make_batch(data: FeatureSet, rows: np.ndarray, context: int, rng: np.random.
         slots = np.arange(start, start + m)
         mask[b, :m] = (slots + 2 >= rs) & (slots + 2 < n)
     return {"features": mx.array(feats), "tokens": mx.array(tokens), "next_features": mx.array(nxt_feats),
-            "lse": mx.array(lse), "cols": mx.array(cols), "mask": mx.array(mask)}
+            "lse": mx.array(lse), "cols": mx.array(cols), "mask": mx.array(mask),
+            "rows": mx.array(np.flatnonzero(mask.reshape(-1)).astype(np.int32))}
 
 
 def objectives(head: EagleHead, batch: dict[str, mx.array], cfg: EagleTrainConfig, lam: float):
-    """(loss, kl, feature loss, first-draft acceptance, chain length) for one batch."""
-    feats = batch["features"].astype(mx.float32)
-    target = batch["next_features"].astype(mx.float32)
-    # The teacher over the head's columns, from the stored feature: the target's own head rows
-    # are the head's initial rows, but training moves them, so they are read frozen from a copy.
-    teacher = mx.stop_gradient(target @ batch["teacher_rows"].T - batch["lse"][..., None])
+    """(loss, kl, feature loss, first-draft acceptance, chain length) for one batch.
+
+    Only the trained slots (``batch["rows"]``, flat indices) are scored: the head and the
+    losses over its vocabulary are most of a step's cost, and about half the slots of a window
+    are prompt. KL is computed for every step only while it is part of the loss; after the
+    anneal, just the first step's, for the log."""
+    B, length = batch["mask"].shape
+    rows = batch["rows"]
+    flat = lambda x: x.reshape(B * length, *x.shape[2:])[rows][None]  # noqa: E731  (1, M, ...)
+    target = flat(batch["next_features"].astype(mx.float32))
+    # The teacher over the head's columns, from the stored feature and the target's own rows.
+    teacher = mx.stop_gradient(target @ batch["teacher_rows"].T - flat(batch["lse"])[..., None])
+    cols = flat(batch["cols"])
     kls, feat_losses, accepts = [], [], []
-    for j, (pred, z) in enumerate(unroll(head, feats, batch["tokens"], cfg.k)):
-        mask = batch["mask"] * (mx.arange(z.shape[1]) >= j)[None, :]
-        kls.append(L.kl_loss(teacher, z, cfg.temp, mask))
-        huber = nn.losses.smooth_l1_loss(pred, target, reduction="none").mean(axis=-1)
+    for j, pred in enumerate(unroll(head, batch["features"].astype(mx.float32), batch["tokens"], cfg.k)):
+        mask = flat(batch["mask"] * (mx.arange(length) >= j)[None, :])
+        p, z = flat(pred), head.lm_head(flat(pred))
+        if cfg.loss == "kl" or lam > 0:
+            kls.append(L.kl_loss(teacher, z, cfg.temp, mask))
+        elif j == 0:
+            kls.append(mx.stop_gradient(L.kl_loss(teacher, z, cfg.temp, mask)))
+        huber = nn.losses.smooth_l1_loss(p, target, reduction="none").mean(axis=-1)
         feat_losses.append((huber * mask).sum() / mx.maximum(mask.sum(), 1.0))
-        if cfg.loss == "eal":
-            accepts.append(L.eal_acceptance(z, batch["cols"], mask))
-        else:
-            accepts.append(L.wtv_acceptance(teacher, z, cfg.temp, mask))
-    kl, feat = sum(kls) / cfg.k, sum(feat_losses) / cfg.k
-    chain = (chain_expected_length(accepts) * batch["mask"]).sum() / mx.maximum(batch["mask"].sum(), 1.0)
-    first = (accepts[0] * batch["mask"]).sum() / mx.maximum(batch["mask"].sum(), 1.0)
+        a = L.eal_acceptance(z, cols, mask) if cfg.loss == "eal" else L.wtv_acceptance(teacher, z, cfg.temp, mask)
+        accepts.append(mx.zeros((B * length,), a.dtype).at[rows].add(a[0]).reshape(B, length))
+    kl, feat = sum(kls) / len(kls), sum(feat_losses) / cfg.k
+    count = mx.maximum(batch["mask"].sum(), 1.0)
+    chain = (chain_expected_length(accepts) * batch["mask"]).sum() / count
+    first = (accepts[0] * batch["mask"]).sum() / count
     token = kl if cfg.loss == "kl" else L.blended_loss(kl, -chain / cfg.k, lam)
     return token + cfg.feature_weight * feat, kl, feat, first, chain
 

@@ -77,15 +77,20 @@ class EagleHead(nn.Module):
     def make_cache(self) -> list[KVCache]:
         return [KVCache()]
 
-    def __call__(self, features: mx.array, tokens: mx.array, cache: list | None = None, mask: Any = None,
-                 positions: mx.array | None = None) -> tuple[mx.array, mx.array]:
+    def predict(self, features: mx.array, tokens: mx.array, cache: list | None = None, mask: Any = None,
+                positions: mx.array | None = None) -> mx.array:
+        """The predicted next features only (training scores just the rows it trains on)."""
         if mask is None and tokens.shape[1] > 1:
             mask = "causal"
         e = mx.stop_gradient(self._embed.value(tokens)).astype(features.dtype)
         h = self.fc(mx.concatenate([features, e], axis=-1))
         # The block's output is the predicted feature, in the space of the target's normed
         # final hidden state, so the target's own head rows score it.
-        pred = self.block(h, mask, None if cache is None else cache[0], positions)
+        return self.block(h, mask, None if cache is None else cache[0], positions)
+
+    def __call__(self, features: mx.array, tokens: mx.array, cache: list | None = None, mask: Any = None,
+                 positions: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        pred = self.predict(features, tokens, cache, mask, positions)
         return pred, self.lm_head(pred)
 
     def full_logits(self, reduced: mx.array) -> mx.array:
