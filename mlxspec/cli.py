@@ -330,7 +330,7 @@ def bench(
     max_tokens: int = typer.Option(64, "--max-tokens", "-n", help="New tokens per prompt."),
     warmup: int = typer.Option(1, help="Untimed warm-up runs."),
     repeats: int = typer.Option(1, help="Timed repeats (order alternates between methods)."),
-    mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts only)."),
+    mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts; beside an eagle head, the target's first 8 layers)."),
     dtype: str = DtypeOpt,
     seed: int = typer.Option(0, help="Sampling seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
@@ -473,6 +473,41 @@ def sweep(
         err.print(f"[dim]wrote {sw.plot_sweep(result, plot_out)}[/]")
 
 
+@app.command()
+@friendly
+def profile(
+    model: str = ModelOpt,
+    draft: str = typer.Option("default", "--draft", "-d", help="Drafter to profile (see `generate --help`); default: the registry's default draft, or where that is none, the target's first shipped draft."),
+    k: int = typer.Option(5, "--k", "-k", help="Draft tokens per step (1..64); target passes are timed for L = 1..K+1."),
+    temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
+    steps: int = typer.Option(24, help="Instrumented steps (medians over them)."),
+    warmup: int = typer.Option(4, help="Untimed warm-up steps."),
+    repeats: int = typer.Option(7, help="Timed rounds of target passes per length L."),
+    compare: bool = typer.Option(False, "--compare", help="Also time the target passes of every forward path side by side (plain, fused, fused+compiled)."),
+    dtype: str = DtypeOpt,
+    seed: int = typer.Option(0, help="Sampling seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+) -> None:
+    """Break one speculative step into draft, target pass (over L = 1..K+1 tokens), acceptance
+    rule, host syncs and Python overhead, with medians over steps."""
+    from mlxspec.measure import profile as pr
+
+    with _progress() as bar:
+        task = bar.add_task("profile", total=None)
+
+        def progress(i: int, total: int, label: str) -> None:
+            bar.update(task, completed=i, total=total, description=label)
+
+        result = pr.profile_step(model, draft, k, temp, steps, warmup, repeats, dtype, seed, progress,
+                                 compare=compare)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        pr.print_profile(result, Console())
+    _write_json(result.to_json(), out)
+
+
 @app.command("train-draft")
 @friendly
 def train_draft(
@@ -491,7 +526,7 @@ def train_draft(
     temp: float = typer.Option(1.0, "--temp", "-t", help="Temperature of p and q in kl and wtv."),
     steps: int = typer.Option(400, help="Distillation steps."),
     batch: int = typer.Option(8, help="Sequences per step."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate (warm-up, then cosine decay); default 3e-4 for draft, 1e-3 for eagle."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate (warm-up, then cosine decay); default 3e-4."),
     prompts: int = typer.Option(320, help="Training prompts (distillation data is built once and cached)."),
     max_new_tokens: int = typer.Option(96, help="Target-generated tokens per training prompt."),
     data: Optional[Path] = typer.Option(None, "--data", help="Distillation set (.npz): used if present, else built and saved there."),
@@ -520,7 +555,7 @@ def train_draft(
             examples_per_category, max_examples, head_vocab, steps, batch, context = 2, 22, 1024, 30, 4, 64
             checkpoint_every, window = 15, 3
         cfg = EagleTrainConfig(loss=loss, k=window, temp=temp, steps=steps, batch=batch, context=context,
-                               lr=lr or 1e-3, feature_weight=feature_weight, seed=seed,
+                               lr=lr or 3e-4, feature_weight=feature_weight, seed=seed,
                                checkpoint_every=checkpoint_every)
         summary = _train_eagle(out, model, cfg, head_vocab, examples_per_category, max_examples, resume, quick)
         if as_json:
@@ -580,9 +615,12 @@ def _train_eagle(out: Path, model: str, cfg, head_vocab: int, per_category: int,
         task = bar.add_task(f"train eagle {cfg.loss}", total=cfg.steps)
 
         def on_step(log) -> None:
-            bar.update(task, completed=log.step, description=(
-                f"eagle {cfg.loss} loss {log.loss:.3f} kl {log.kl:.2f} feat {log.feature:.3f} "
-                f"acc1 {log.accept_1:.2f} chain {log.chain:.2f}"))
+            line = (f"eagle {cfg.loss} loss {log.loss:.3f} kl {log.kl:.2f} feat {log.feature:.3f} "
+                    f"acc1 {log.accept_1:.2f} chain {log.chain:.2f}")
+            bar.update(task, completed=log.step, description=line)
+            if not err.is_terminal and (log.step % 10 == 0 or log.step == cfg.steps):  # a log, not a screen
+                err.print(f"step {log.step}/{cfg.steps} {line} {log.positions_per_s:.0f} positions/s "
+                          f"{time.perf_counter() - t0:.0f}s")
 
         history = et.train_head(head, data, rows, cfg, out, resume=resume, on_step=on_step)
     seconds = time.perf_counter() - t0

@@ -131,21 +131,31 @@ def test_bad_drafter_specs(spec, message):
         make_drafter(spec, Target())
 
 
-def test_the_shipped_default_draft_is_small_and_registered():
+@pytest.mark.parametrize("name, weights", [("smollm2-135m-draft", "draft.safetensors"),
+                                           ("smollm2-135m-eagle", "head.safetensors")])
+def test_the_shipped_drafts_are_small_and_registered(name, weights):
     from mlxspec.targets import store
 
-    name = store.default_draft(store.default_target())
     folder = store.draft_path(name)
-    assert name == "smollm2-135m-draft" and (folder / "README.md").is_file()
-    shipped = [folder / f for f in ("draft.safetensors", "config.json", "README.md")]
+    assert (folder / "README.md").is_file()
+    shipped = [folder / f for f in (weights, "config.json", "README.md")]
     assert sum(f.stat().st_size for f in shipped) < 30e6  # embeddings are the target's, not stored
 
 
+def test_the_default_target_decodes_target_only_by_default():
+    from mlxspec.targets import store
+
+    assert store.default_draft(store.default_target()) == "none"
+
+
 @pytest.mark.model
-def test_default_and_no_draft_option_use_the_shipped_draft(lm):
+def test_default_is_target_only_and_the_shipped_drafts_load_by_name(lm):
+    from mlxspec.core.drafters.eagle import EagleDrafter
     from mlxspec.targets.drafts import make_drafter
     from mlxspec.training.draft import DraftModel
 
-    d = make_drafter("default", lm)
+    assert make_drafter("default", lm) is None
+    d = make_drafter("smollm2-135m-draft", lm)
     assert d.name == "smollm2-135m-draft" and isinstance(d.model, DraftModel)
     assert d.model.cfg.tokenizer_sha256  # it was checked against the target's tokenizer on load
+    assert isinstance(make_drafter("smollm2-135m-eagle", lm), EagleDrafter)

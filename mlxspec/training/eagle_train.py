@@ -45,8 +45,9 @@ class EagleTrainConfig:
     steps: int = 300
     batch: int = 8
     context: int = 192  # slots per training window
-    lr: float = 1e-3
+    lr: float = 3e-4
     warmup: int = 20
+    clip: float = 1.0  # global gradient-norm cap
     kl_anneal: float = 0.5
     feature_weight: float = 0.5
     seed: int = 0
@@ -229,6 +230,9 @@ def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: E
         batch["teacher_rows"] = teacher_rows
         lam = L.kl_weight(step, cfg.steps, anneal_frac=cfg.kl_anneal) if cfg.loss != "kl" else 1.0
         (loss, kl, feat, first, chain), grads = loss_and_grad(batch, lam)
+        # The residual branches start at zero and the feature targets are large: without a cap
+        # one early step can throw the block far off (seen at lr 1e-3: loss 11 -> 465).
+        grads, _ = optim.clip_grad_norm(grads, cfg.clip)
         opt.update(head, grads)
         mx.eval(head.parameters(), opt.state, loss, kl, feat, first, chain)
         if not math.isfinite(loss.item()):
