@@ -76,7 +76,9 @@ def drafts() -> list[dict]:
     out = []
     for name, d in _registry().get("drafts", {}).items():
         folder = REGISTRY_PATH.parent / d["folder"]
-        weights = folder / "draft.safetensors"
+        # a trained draft's weights or an eagle head's, whichever kind the folder holds
+        weights = next((w for w in (folder / "draft.safetensors", folder / "head.safetensors") if w.is_file()),
+                       folder / "draft.safetensors")
         present = weights.is_file()
         out.append({"name": name, "target": d["target"], "path": str(folder), "description": d["description"],
                     "present": present, "size": weights.stat().st_size if present else 0})
