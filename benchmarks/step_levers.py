@@ -1,6 +1,6 @@
-"""Each lever of the fused CPU path (core.model.FusedPath) alone and combined, side by side.
+"""Each lever of a cheaper target pass alone and combined, side by side (core.model.CpuPath).
 
-    .venv/bin/python benchmarks/step_levers.py [--rounds 7] [--k 5] [--tokens 32] [--pairs-only]
+    .venv/bin/python benchmarks/step_levers.py [--rounds 7] [--k 5] [--tokens 32] [--pairs-only | --no-pairs]
 
 First every variant against ``plain`` in adjacent pairs (3 x rounds rounds, each L, one pass
 each back to back on one cache, order alternating). Then target passes over L = 1..K+1 tokens on
@@ -9,13 +9,14 @@ in rotating order; medians; ratios are medians of per-round ratios to ``plain``)
 with L (the pass, its head matmul alone, its layer matmuls alone); then target-only decoding
 with the engine, plain vs landed, alternating, with the tokens compared. Variants:
 
-  plain          the per-layer path (what every module runs; what ran before)
-  (a) fused      q/k/v and gate/up as one matmul each; RoPE and the causal mask per layer as before
-  (c) tables     separate matmuls; RoPE tables and the causal mask built once per pass
-  (b)+(c)        (c) with the work before/after attention mx.compile'd (compile needs (c):
-                 fast.rope with an integer offset would retrace at every position)
-  (a)+(c)        FusedPath without compile
-  (a)+(b)+(c)    FusedPath as loaded (landed)
+  plain                the blocks' own per-layer path (what ran before)
+  (a) fused            q/k/v and gate/up as one matmul each (concatenated copies of the weights);
+                       RoPE and the causal mask per layer as before
+  (c) tables           CpuPath without compile: RoPE tables and the causal mask built once per pass
+  (b)+(c) landed       CpuPath as it runs: (c) with the work before/after attention mx.compile'd
+                       (compile needs (c): fast.rope with an integer offset retraces every position)
+  (a)+(c)              fused, with tables
+  (a)+(b)+(c)          fused, with tables, compiled
 """
 
 # ruff: noqa: I001
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from types import SimpleNamespace
 
 import mlxspec  # noqa: F401  (the fast BLAS must load before mlx: imports stay in this order)
 import mlx.core as mx
@@ -38,12 +40,23 @@ from mlxspec.measure.verdict import median_ratio
 from mlxspec.targets import loading
 
 
+def fused_weights(model) -> list[SimpleNamespace]:
+    """Per block, q/k/v and gate/up concatenated (copies: the model keeps its own weights)."""
+    out = []
+    for b in model.layers:
+        a, m = b.self_attn, b.mlp
+        out.append(SimpleNamespace(qkv=mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                                   gate_up=mx.concatenate([m.gate_proj.weight, m.up_proj.weight])))
+        mx.eval(out[-1].qkv, out[-1].gate_up)
+    return out
+
+
 class Variant:
     """A forward path over the loaded model's own arrays, callable as ``model(tokens, cache)``."""
 
     def __init__(self, lm, fuse: bool, tables: bool):
         self.m, self.cfg, self.fuse, self.tables = lm.model, lm.config, fuse, tables
-        self.blocks = lm.model.fused_path().blocks
+        self.blocks = fused_weights(lm.model)
 
     def make_cache(self):
         return self.m.make_cache()
@@ -91,63 +104,63 @@ class Variant:
         return self.m.model.embed_tokens.as_linear(self.m.model.norm(h))
 
 
-class CompiledTables(Variant):
-    """(b)+(c): separate projections and tables, the work before/after attention compiled
-    with the weights as inputs (one trace serves every layer), for L <= COMPILE_MAX_TOKENS."""
+class CompiledFused(Variant):
+    """(a)+(b)+(c): fused projections and tables, the work before/after attention compiled with
+    the weights as inputs (one trace serves every layer), for L <= COMPILE_MAX_TOKENS."""
 
     def __init__(self, lm):
-        super().__init__(lm, fuse=False, tables=True)
+        super().__init__(lm, fuse=True, tables=True)
         c = self.cfg
+        nq, nk, i = c.num_heads, c.num_kv_heads, c.intermediate_size
 
-        def pre(x, nw, wq, wk, wv, cos, sin):
+        def pre(x, nw, wqkv, cos, sin):
             B, L, _ = x.shape
             h = mx.fast.rms_norm(x, nw, c.rms_norm_eps)
-            q, k, v = ((h @ w.T).reshape(B, L, -1, c.head_dim).transpose(0, 2, 1, 3) for w in (wq, wk, wv))
+            qkv = (h @ wqkv.T).reshape(B, L, -1, c.head_dim).transpose(0, 2, 1, 3)
+            q, k, v = qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
             return rotate(q, cos, sin, c.rope_traditional), rotate(k, cos, sin, c.rope_traditional), v
 
-        def post(x, attn, wo, nw, wg, wu, wd):
+        def post(x, attn, wo, nw, wgu, wd):
             B, L, _ = x.shape
             h = x + attn.transpose(0, 2, 1, 3).reshape(B, L, -1) @ wo.T
-            n = mx.fast.rms_norm(h, nw, c.rms_norm_eps)
-            return h + (nn.silu(n @ wg.T) * (n @ wu.T)) @ wd.T
+            gu = mx.fast.rms_norm(h, nw, c.rms_norm_eps) @ wgu.T
+            return h + (nn.silu(gu[..., :i]) * gu[..., i:]) @ wd.T
 
         self.cpre, self.cpost = mx.compile(pre), mx.compile(post)
 
     def before(self, x, layer, f, cos, sin, offset):
         if x.shape[1] > COMPILE_MAX_TOKENS:
             return super().before(x, layer, f, cos, sin, offset)
-        a = layer.self_attn
-        return self.cpre(x, layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, cos, sin)
+        return self.cpre(x, layer.input_layernorm.weight, f.qkv, cos, sin)
 
     def after(self, x, attn, layer, f):
         if x.shape[1] > COMPILE_MAX_TOKENS:
             return super().after(x, attn, layer, f)
-        p = layer.mlp
-        return self.cpost(x, attn, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight,
-                          p.gate_proj.weight, p.up_proj.weight, p.down_proj.weight)
+        return self.cpost(x, attn, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight, f.gate_up,
+                          layer.mlp.down_proj.weight)
 
 
 class Landed:
-    """The model itself: plain (``use_fused_path`` off) or FusedPath with or without compile."""
+    """The model itself: the blocks' own path (``use_cpu_path`` off), or CpuPath with or
+    without compile."""
 
-    def __init__(self, lm, fused: bool, compiled: bool):
-        self.m, self.fused, self.compiled = lm.model, fused, compiled
+    def __init__(self, lm, cpu: bool, compiled: bool):
+        self.m, self.cpu, self.compiled = lm.model, cpu, compiled
 
     def make_cache(self):
         return self.m.make_cache()
 
     def __call__(self, tokens, cache, **kw):
-        self.m.use_fused_path = self.fused
-        if self.fused:
-            self.m.fused_path().compile_max_tokens = COMPILE_MAX_TOKENS if self.compiled else 0
+        self.m.use_cpu_path = self.cpu
+        if self.cpu:
+            self.m.cpu_path().compile_max_tokens = COMPILE_MAX_TOKENS if self.compiled else 0
         return self.m(tokens, cache, **kw)
 
 
 def why(lm, prompt: list[int], sizes: list[int], rounds: int) -> None:
-    """What grows with L: the landed pass, its LM head matmul alone and its 120 layer matmuls
+    """What grows with L: the landed pass, its LM head matmul alone and its 210 layer matmuls
     alone (same shapes, random inputs), the rest by difference; rounds alternate the parts."""
     m = lm.model
-    blocks = m.fused_path().blocks
     W = m.model.embed_tokens.weight
     x = {L: mx.random.normal((1, L, lm.config.hidden_size)) for L in sizes}
     xi = {L: mx.random.normal((1, L, lm.config.intermediate_size)) for L in sizes}
@@ -157,8 +170,10 @@ def why(lm, prompt: list[int], sizes: list[int], rounds: int) -> None:
         mx.eval(x[L] @ W.T)
 
     def mats(L: int) -> None:
-        mx.eval([y for b, f in zip(m.layers, blocks) for y in (
-            x[L] @ f.qkv.T, x[L] @ b.self_attn.o_proj.weight.T, x[L] @ f.gate_up.T, xi[L] @ b.mlp.down_proj.weight.T)])
+        mx.eval([y for b in m.layers for y in (
+            *(x[L] @ p.weight.T for p in (b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj,
+                                          b.self_attn.o_proj, b.mlp.gate_proj, b.mlp.up_proj)),
+            xi[L] @ b.mlp.down_proj.weight.T)])
 
     class Part:  # time_verify wants a model; these ignore the cache
         def __init__(self, fn):
@@ -174,7 +189,7 @@ def why(lm, prompt: list[int], sizes: list[int], rounds: int) -> None:
                 c.offset += tokens.shape[1]
             return mx.zeros((1, 1, 1))
 
-    parts = {"pass (landed)": m, "LM head matmul": Part(head), "layer matmuls (120)": Part(mats)}
+    parts = {"pass (landed)": m, "LM head matmul": Part(head), "layer matmuls (210)": Part(mats)}
     times = {n: {L: [] for L in sizes} for n in parts}
     for r in range(rounds):
         for n, p in parts.items():
@@ -191,7 +206,7 @@ def why(lm, prompt: list[int], sizes: list[int], rounds: int) -> None:
 def adjacent_ab(variants: dict, prompt: list[int], sizes: list[int], rounds: int) -> None:
     """Each variant against ``plain`` in adjacent pairs (one pass each, back to back, order
     alternating) on one shared cache: the tightest pairing a drifting machine allows. Also
-    (a)+(b)+(c) against (a)+(c): compile's own effect."""
+    compile's own effect ((b)+(c) over (c)) and fusion's on top of what landed."""
     from mlxspec.core.cache import rewind
     from mlxspec.core.prefill import prefill
 
@@ -207,7 +222,8 @@ def adjacent_ab(variants: dict, prompt: list[int], sizes: list[int], rounds: int
         rewind(cache, L)
         return dt
 
-    pairs = [(n, "plain") for n in variants if n != "plain"] + [("(a)+(b)+(c) landed", "(a)+(c)")]
+    pairs = [(n, "plain") for n in variants if n != "plain"] + [
+        ("(b)+(c) landed", "(c) tables"), ("(a)+(b)+(c)", "(b)+(c) landed")]
     for a, b in pairs:
         for L in sizes:
             once(variants[a], L), once(variants[b], L)
@@ -233,16 +249,17 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--pairs-only", action="store_true", help="only the adjacent-pairs A/B")
+    ap.add_argument("--no-pairs", action="store_true", help="skip the adjacent-pairs A/B")
     args = ap.parse_args()
     lm = loading.load("default")
-    assert lm.model.fused_path() is not None, "float weights on the CPU expected"
+    assert lm.model.cpu_path() is not None, "float weights on the CPU expected"
     variants = {
         "plain": Landed(lm, False, False),
         "(a) fused": Variant(lm, fuse=True, tables=False),
-        "(c) tables": Variant(lm, fuse=False, tables=True),
-        "(b)+(c)": CompiledTables(lm),
-        "(a)+(c)": Landed(lm, True, False),
-        "(a)+(b)+(c) landed": Landed(lm, True, True),
+        "(c) tables": Landed(lm, True, False),
+        "(b)+(c) landed": Landed(lm, True, True),
+        "(a)+(c)": Variant(lm, fuse=True, tables=True),
+        "(a)+(b)+(c)": CompiledFused(lm),
     }
     items, _ = spec_bench_prompts(per_category=1)
     prompt = encode_prompts(lm, items[:1], 64)[0]
@@ -257,7 +274,8 @@ def main() -> None:
             ref = out
         err = (mx.abs(out - ref).max() / mx.abs(ref).max()).item()
         assert err < 1e-5 and mx.array_equal(mx.argmax(out, -1), mx.argmax(ref, -1)).item(), (name, err)
-    adjacent_ab(variants, prompt, sizes, args.rounds * 3)
+    if not args.no_pairs:
+        adjacent_ab(variants, prompt, sizes, args.rounds * 3)
     if args.pairs_only:
         return
     names = list(variants)
@@ -282,18 +300,18 @@ def main() -> None:
         slope = verify_slope([L - 1 for L in sizes[1:]], [m / med[0] for m in med[1:]])
         print(f"  {n:20s}" + "".join(f"  L={L}: {m:6.1f} ({x:.2f}x)" for L, m, x in zip(sizes, med, vs))
               + f"  slope {slope:.3f}" + ("" if n == "plain" else f"  speedup {speedup(n)}"))
-    print(f"  compile's own effect, (a)+(b)+(c) over (a)+(c): {speedup('(a)+(b)+(c) landed', '(a)+(c)')}")
+    print(f"  compile's own effect, (b)+(c) over (c): {speedup('(b)+(c) landed', '(c) tables')}")
     # Target-only decoding with the engine, plain vs landed, alternating.
     stop = set()
     tps: dict[bool, list[float]] = {False: [], True: []}
     toks: dict[bool, list[int]] = {}
     for r in range(args.rounds):
-        for fused in ((False, True) if r % 2 == 0 else (True, False)):
-            lm.model.use_fused_path = fused
+        for cpu in ((False, True) if r % 2 == 0 else (True, False)):
+            lm.model.use_cpu_path = cpu
             run = engine_run(lm, prompt, SamplingParams(), args.tokens, stop)
-            tps[fused].append(run.decode_tps)
-            toks.setdefault(fused, run.tokens)
-    lm.model.use_fused_path = True
+            tps[cpu].append(run.decode_tps)
+            toks.setdefault(cpu, run.tokens)
+    lm.model.use_cpu_path = True
     why(lm, prompt, sizes, args.rounds)
     c = median_ratio([a / b for a, b in zip(tps[True], tps[False])])
     print(f"target-only decode, {args.tokens} tokens: plain {statistics.median(tps[False]):.2f} tok/s, landed "

@@ -483,7 +483,7 @@ def profile(
     steps: int = typer.Option(24, help="Instrumented steps (medians over them)."),
     warmup: int = typer.Option(4, help="Untimed warm-up steps."),
     repeats: int = typer.Option(7, help="Timed rounds of target passes per length L."),
-    compare: bool = typer.Option(False, "--compare", help="Also time the target passes of every forward path side by side (plain, fused, fused+compiled)."),
+    compare: bool = typer.Option(False, "--compare", help="Also time the target passes of every forward path side by side (plain, tables, tables+compile: see `core.model.CpuPath`)."),
     dtype: str = DtypeOpt,
     seed: int = typer.Option(0, help="Sampling seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),

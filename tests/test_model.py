@@ -85,7 +85,7 @@ def test_export_folder_round_trip(lm, tmp_path):
     assert np.array_equal(sorted(again.tokenizer.eos_token_ids), sorted(lm.tokenizer.eos_token_ids))
 
 
-# ----------------------------------------------------------------------------- the fused CPU path
+# ----------------------------------------------------------------------------- the CPU path
 
 
 def passes(model, tokens: mx.array, lengths: list[int], **kw) -> list[mx.array]:
@@ -97,68 +97,65 @@ def passes(model, tokens: mx.array, lengths: list[int], **kw) -> list[mx.array]:
     return out
 
 
+def both_paths(model, fn):
+    """``fn()`` on the CPU path, then on the blocks' own path (the switch restored after)."""
+    assert model.cpu_path() is not None
+    fast = fn()
+    model.use_cpu_path = False
+    try:
+        return fast, fn()
+    finally:
+        model.use_cpu_path = True
+
+
 @pytest.mark.parametrize("traditional", [True, False])
-def test_fused_path_matches_the_plain_path(traditional):
+def test_cpu_path_matches_the_blocks_own_path(traditional):
     mx.random.seed(1)
     model = Llama(LlamaConfig(**{**TINY.to_dict(), "rope_traditional": traditional}))
     mx.eval(model.parameters())
-    names = {k: mx.array(v) for k, v in tree_flatten(model.parameters())}
     tokens = mx.random.randint(0, TINY.vocab_size, (1, 30))
     lengths = [9, 1, 6, 1, 1, 3, 9]  # a prefill, then verify passes and single tokens
-    model.use_fused_path = False
-    plain = passes(model, tokens, lengths)
-    assert model.fuse_projections() and model.fused_path() is None  # switched off
-    model.use_fused_path = True
-    assert model.fused_path() is not None
-    # Same parameter names and values: saving, self:L, export and draft init see no change.
-    after = dict(tree_flatten(model.parameters()))
-    assert after.keys() == names.keys() and all(mx.array_equal(after[k], v).item() for k, v in names.items())
-    for a, b in zip(passes(model, tokens, lengths), plain):
-        assert rel_err(a, b) < 1e-5
-        assert mx.array_equal(mx.argmax(a, -1), mx.argmax(b, -1)).item()
-    # First layers only (self:L) with hidden states, and an explicit mask with positions (trees).
-    fused = passes(model, tokens, lengths, num_layers=1, return_hidden=True)
-    causal = mx.tril(mx.ones((6, 6), dtype=mx.bool_))
-    explicit = model(tokens[:, :6], model.make_cache(), mask=causal, positions=mx.arange(6))
-    model.use_fused_path = False
-    for a, b in zip(fused, passes(model, tokens, lengths, num_layers=1, return_hidden=True)):
-        assert rel_err(a[0], b[0]) < 1e-5 and rel_err(a[1], b[1]) < 1e-5
-    assert rel_err(explicit, plain[0][:, :6]) < 1e-5
+    for kw in ({}, {"num_layers": 1, "return_hidden": True}):  # all layers; self:L with hidden states
+        fast, plain = both_paths(model, lambda kw=kw: passes(model, tokens, lengths, **kw))
+        for a, b in zip(fast, plain):
+            a, b = (a, b) if kw else ((a,), (b,))  # (logits, hidden) or (logits,)
+            assert all(rel_err(x, y) < 1e-5 for x, y in zip(a, b))
+            assert mx.array_equal(mx.argmax(a[0], -1), mx.argmax(b[0], -1)).item()
+    # An explicit mask with per-token positions (tree verification): siblings share a position.
+    mask = mx.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=mx.bool_)
+    fast, plain = both_paths(model, lambda: model(tokens[:, :4], model.make_cache(), mask=mask,
+                                                  positions=mx.array([0, 1, 1, 2])))
+    assert rel_err(fast, plain) < 1e-5
 
 
-def test_replaced_weights_leave_the_fused_path():
+def test_cpu_path_reads_the_current_weights():
     mx.random.seed(2)
     model = Llama(TINY)
-    model.fuse_projections()
     tokens = mx.array([[3, 14, 15]])
+    model(tokens, model.make_cache())  # the path exists and has traced
     new = {"model.layers.0.self_attn.k_proj.weight": mx.random.normal(model.layers[0].self_attn.k_proj.weight.shape)}
     model.load_weights(list(new.items()), strict=False)
-    assert model.fused_path() is None  # stale fused weights are never used
-    again = Llama(TINY)
-    again.update(model.parameters())
-    assert rel_err(model(tokens, model.make_cache()), again(tokens, again.make_cache())) < 1e-6
+    fast, plain = both_paths(model, lambda: model(tokens, model.make_cache()))
+    assert rel_err(fast, plain) < 1e-6
 
 
-def test_quantized_projections_stay_unfused():
+def test_quantized_blocks_run_their_own_path():
     model = Llama(TINY)
     nn.quantize(model, group_size=32, bits=4, class_predicate=lambda p, m: p.endswith(("gate_proj", "up_proj")))
-    assert not model.fuse_projections() and model.fused_path() is None
+    assert model.cpu_path() is None
+    model = Llama(TINY)
+    model.use_cpu_path = False
+    assert model.cpu_path() is None
 
 
 @pytest.mark.model
-def test_fused_real_model_matches_unfused(lm):
-    """The loaded target runs fused; its logits stay within 1e-5 of the unfused path, for a
-    prefill and verify passes of 1..8 tokens, with the same argmax everywhere."""
-    assert lm.model.fused_path() is not None
+def test_real_model_cpu_path_matches_the_blocks_own_path(lm):
+    """The loaded target runs the CPU path; its logits stay within 1e-5 of the blocks' own path
+    for a prefill and verify passes of 1..8 tokens, with the same argmax everywhere."""
     ids = encode_prompt(lm.tokenizer, "Name three colours of the rainbow.")
     tokens = mx.array([ids + [(97 * i) % lm.config.vocab_size for i in range(36)]])
     lengths = [len(ids)] + list(range(1, 9))
-    fused = passes(lm.model, tokens, lengths)
-    lm.model.use_fused_path = False
-    try:
-        plain = passes(lm.model, tokens, lengths)
-    finally:
-        lm.model.use_fused_path = True
-    for a, b in zip(fused, plain):
+    fast, plain = both_paths(lm.model, lambda: passes(lm.model, tokens, lengths))
+    for a, b in zip(fast, plain):
         assert rel_err(a, b) < 1e-5
         assert mx.array_equal(mx.argmax(a, -1), mx.argmax(b, -1)).item()

@@ -6,6 +6,7 @@ import json
 
 import mlx.core as mx
 import pytest
+from mlx import nn
 from typer.testing import CliRunner
 
 from mlxspec.cli import app
@@ -17,16 +18,17 @@ TINY = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num
 
 
 def test_compare_paths_times_every_path_and_leaves_the_landed_one_on():
+    quantized = Llama(TINY)
+    nn.quantize(quantized, group_size=32, bits=4, class_predicate=lambda p, m: p.endswith("q_proj"))
+    assert compare_paths(quantized, [1, 2, 3], [1, 2, 3], 1, lambda s: None) is None  # no CPU path
     model = Llama(TINY)
     mx.eval(model.parameters())
-    assert compare_paths(model, [1, 2, 3], [1, 2, 3], 1, lambda s: None) is None  # not fused: nothing to compare
-    model.fuse_projections()
     ticks = []
     paths = compare_paths(model, [1, 2, 3, 4, 5], [1, 2, 3], 2, ticks.append)
     assert [p.path for p in paths] == list(PATHS) and len(ticks) == 2
     assert all(len(p.ms) == 3 and all(m > 0 for m in p.ms) for p in paths)
     assert paths[0].vs_plain == [1.0, 1.0, 1.0]
-    assert model.use_fused_path and model.fused_path().compile_max_tokens == COMPILE_MAX_TOKENS
+    assert model.use_cpu_path and model.cpu_path().compile_max_tokens == COMPILE_MAX_TOKENS
 
 
 def test_sync_round_trip_is_small_and_positive():

@@ -157,89 +157,59 @@ class Body(nn.Module):
 COMPILE_MAX_TOKENS = 16
 
 
-@dataclass(frozen=True)
-class FusedBlock:
-    """One block's projections concatenated: q/k/v rows in one matrix, gate/up rows in another.
-    The block's own ``Linear`` weights are row slices (views) of these, so nothing is stored
-    twice and parameter names stay as they were; ``parts`` are those views, to notice when a
-    weight is replaced (``load_weights``, ``update``): the block then runs unfused again."""
-
-    qkv: mx.array
-    gate_up: mx.array
-    parts: tuple[mx.array, ...]
-
-    def current(self, block: Block) -> bool:
-        a, m = block.self_attn, block.mlp
-        now = (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight)
-        return all(x is y for x, y in zip(now, self.parts))
-
-
-def fusable(block: Block) -> bool:
-    """Whether a block's q/k/v and gate/up are plain float ``Linear``s without bias."""
+def plain_float(block: Block) -> bool:
+    """Whether a block's projections are plain float ``Linear``s without bias (not quantized)."""
     a, m = block.self_attn, block.mlp
-    return all(type(x) is nn.Linear and "bias" not in x for x in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj))
+    return all(type(x) is nn.Linear and "bias" not in x
+               for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj))
 
 
-def fuse_block(block: Block) -> FusedBlock:
-    """Concatenate a ``fusable`` block's q/k/v and gate/up weights and point its ``Linear``
-    layers at row slices of the result."""
-    a, m = block.self_attn, block.mlp
-    qkv = mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-    gate_up = mx.concatenate([m.gate_proj.weight, m.up_proj.weight])
-    mx.eval(qkv, gate_up)
-    nq, nk, ni = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], m.gate_proj.weight.shape[0]
-    a.q_proj.weight, a.k_proj.weight, a.v_proj.weight = qkv[:nq], qkv[nq : nq + nk], qkv[nq + nk :]
-    m.gate_proj.weight, m.up_proj.weight = gate_up[:ni], gate_up[ni:]
-    parts = (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight)
-    mx.eval(parts)
-    return FusedBlock(qkv, gate_up, parts)
+class CpuPath:
+    """The same forward as the blocks' own, with fewer ops, for MLX's CPU backend.
 
+    On the CPU, RMSNorm, RoPE and attention run as fallbacks made of small ops, and every op
+    costs microseconds of dispatch whatever its size: a one-token pass of the default model was
+    ~4,300 ops. This path builds the RoPE tables (read out of ``mx.fast.rope`` itself) and the
+    causal mask once per pass instead of once per layer, and for passes of up to
+    ``COMPILE_MAX_TOKENS`` tokens runs the work before and after attention as ``mx.compile``d
+    functions taking the weights as inputs (one trace per pass length serves every layer; the KV
+    cache update and attention stay outside, as their shapes grow with the context). The
+    arithmetic is the blocks' own, op for op. Fusing q/k/v and gate/up into one matmul each was
+    measured as well and was not faster here (BENCHMARKS.md, "Where a step's time goes"), so the
+    blocks' weights are used as they are: nothing is transformed at load time."""
 
-class FusedPath:
-    """The CPU inference path of a ``Llama`` whose blocks were fused (``Llama.fuse_projections``).
-
-    MLX's CPU backend runs RMSNorm, RoPE and attention as fallbacks made of small ops, and
-    every op costs a few microseconds of dispatch whatever its size: a one-token pass of the
-    default model was ~4,300 ops. This path computes the same values with fewer: four matmuls a
-    block instead of seven (q/k/v and gate/up fused), RoPE tables and the causal mask built once
-    per pass instead of once per layer, and, for passes of up to ``COMPILE_MAX_TOKENS`` tokens,
-    the work before and after attention as ``mx.compile``d functions (shapes are static there;
-    the KV cache update and attention stay outside, as their shapes grow with the context)."""
-
-    def __init__(self, cfg: LlamaConfig, blocks: list[FusedBlock]):
-        self.cfg, self.blocks = cfg, blocks
+    def __init__(self, cfg: LlamaConfig):
+        self.cfg = cfg
         self.compiled = (mx.compile(self.before_attention), mx.compile(self.after_attention))
         self.compile_max_tokens = COMPILE_MAX_TOKENS  # 0: never compiled (A/B measurements)
 
-    def before_attention(self, x, norm_w, qkv_w, cos, sin):
+    def before_attention(self, x, norm_w, q_w, k_w, v_w, cos, sin):
         c = self.cfg
         B, L, _ = x.shape
         h = mx.fast.rms_norm(x, norm_w, c.rms_norm_eps)
-        qkv = (h @ qkv_w.T).reshape(B, L, c.num_heads + 2 * c.num_kv_heads, -1).transpose(0, 2, 1, 3)
-        qk = rotate(qkv[:, : c.num_heads + c.num_kv_heads], cos, sin, c.rope_traditional)
-        return qk[:, : c.num_heads], qk[:, c.num_heads :], qkv[:, c.num_heads + c.num_kv_heads :]
+        q, k, v = ((h @ w.T).reshape(B, L, -1, c.head_dim).transpose(0, 2, 1, 3) for w in (q_w, k_w, v_w))
+        return rotate(q, cos, sin, c.rope_traditional), rotate(k, cos, sin, c.rope_traditional), v
 
-    def after_attention(self, x, attn, o_w, norm_w, gate_up_w, down_w):
+    def after_attention(self, x, attn, o_w, norm_w, gate_w, up_w, down_w):
         B, L, _ = x.shape
         h = x + attn.transpose(0, 2, 1, 3).reshape(B, L, -1) @ o_w.T
-        gu = mx.fast.rms_norm(h, norm_w, self.cfg.rms_norm_eps) @ gate_up_w.T
-        i = self.cfg.intermediate_size
-        return h + (nn.silu(gu[..., :i]) * gu[..., i:]) @ down_w.T
+        n = mx.fast.rms_norm(h, norm_w, self.cfg.rms_norm_eps)
+        return h + (nn.silu(n @ gate_w.T) * (n @ up_w.T)) @ down_w.T
 
-    def layers(self, layers: list[Block], h: mx.array, cache: list[KVCache], mask, positions) -> mx.array:
+    def layers(self, blocks: list[Block], h: mx.array, cache: list[KVCache], mask, positions) -> mx.array:
         c = self.cfg
         L, offset = h.shape[1], cache[0].offset
         if isinstance(mask, str):  # causal over the cache, as a boolean array built once
             mask = None if L == 1 else mx.arange(offset, offset + L)[:, None] >= mx.arange(offset + L)[None]
         cos, sin = rope_tables(c, L, offset, positions, h.dtype)
         before, after = self.compiled if L <= self.compile_max_tokens else (self.before_attention, self.after_attention)
-        for layer, f, kv in zip(layers, self.blocks, cache):
-            a = layer.self_attn
-            q, k, v = before(h, layer.input_layernorm.weight, f.qkv, cos, sin)
+        for b, kv in zip(blocks, cache):
+            a, m = b.self_attn, b.mlp
+            q, k, v = before(h, b.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, cos, sin)
             k, v = kv.update_and_fetch(k, v)
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=c.head_dim**-0.5, mask=mask)
-            h = after(h, out, a.o_proj.weight, layer.post_attention_layernorm.weight, f.gate_up,
-                      layer.mlp.down_proj.weight)
+            h = after(h, out, a.o_proj.weight, b.post_attention_layernorm.weight, m.gate_proj.weight,
+                      m.up_proj.weight, m.down_proj.weight)
         return h
 
 
@@ -260,32 +230,23 @@ class Llama(nn.Module):
         self.model = Body(cfg)
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self._fused = Unowned(None)
-        self.use_fused_path = True  # False: always the plain per-layer path (A/B measurements)
+        self._cpu = Unowned(None)
+        self.use_cpu_path = True  # False: the blocks' own path everywhere (A/B measurements)
 
     @property
     def layers(self) -> list[Block]:
         return self.model.layers
 
-    def fuse_projections(self) -> bool:
-        """Load-time transform for CPU inference (``FusedPath``): every block's q/k/v and gate/up
-        weights concatenated, the original parameters becoming views of them (names, saving,
-        ``self:L``, mlx-lm export and draft initialisation see the same arrays as before).
-        False, and nothing changed, when a block's projections are not plain float ``Linear``s."""
-        if self._fused.value is not None:
-            return True
-        if not all(fusable(b) for b in self.layers):
-            return False
-        self._fused = Unowned(FusedPath(self.cfg, [fuse_block(b) for b in self.layers]))
-        return True
-
-    def fused_path(self) -> FusedPath | None:
-        """The fused path if it applies now: fused, enabled, on the CPU, and no block's weights
-        replaced since fusing."""
-        path = self._fused.value
-        if path is None or not self.use_fused_path or mx.default_device().type != mx.DeviceType.cpu:
+    def cpu_path(self) -> CpuPath | None:
+        """The ``CpuPath`` where it applies: switched on, computing on the CPU, and every block
+        holding plain float weights (quantized models run the blocks' own path)."""
+        if not self.use_cpu_path or mx.default_device().type != mx.DeviceType.cpu:
             return None
-        return path if all(f.current(b) for f, b in zip(path.blocks, self.layers)) else None
+        if not all(plain_float(b) for b in self.layers):
+            return None
+        if self._cpu.value is None:
+            self._cpu.value = CpuPath(self.cfg)
+        return self._cpu.value
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
@@ -302,9 +263,9 @@ class Llama(nn.Module):
         if mask is None and tokens.shape[1] > 1:
             mask = "causal"
         h = self.model.embed_tokens(tokens)
-        fused = self.fused_path() if cache else None  # no cache: training or scoring, plain path
-        if fused is not None:
-            h = fused.layers(self.layers[:num_layers], h, cache, mask, positions)
+        path = self.cpu_path() if cache else None  # no cache: training or scoring, the blocks' own path
+        if path is not None:
+            h = path.layers(self.layers[:num_layers], h, cache, mask, positions)
         else:
             for layer, c in zip(self.layers[:num_layers], cache or [None] * len(self.layers)):
                 h = layer(h, mask, c, positions)

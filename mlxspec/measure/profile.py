@@ -22,10 +22,10 @@ escapes it. Separately, one target pass over L = 1..K+1 tokens is timed with
 medians), with the per-extra-token slope in one-token passes (``sweep.verify_slope``).
 
 With ``compare=True`` (``--compare``) the target passes are also timed for each forward path
-of the model side by side: ``plain`` (the per-layer path every module has), ``fused`` (the fused
-CPU path of ``core.model.FusedPath`` without ``mx.compile``) and ``fused+compiled`` (what loaded
-float models run), in rotating order round by round, each round one ``time_verify`` call per
-path; ratios are medians of the per-round ratios to ``plain``.
+of the model side by side: ``plain`` (the blocks' own per-layer path), ``tables`` (the CPU path
+of ``core.model.CpuPath``, RoPE tables and mask built once per pass, without ``mx.compile``) and
+``tables+compile`` (what float models run on the CPU), in rotating order round by round, each
+round one ``time_verify`` call per path; ratios are medians of the per-round ratios to ``plain``.
 
 The result is a ``StepProfile`` record; ``to_json()`` is the JSON (schema 2, see ``runs``).
 """
@@ -271,20 +271,20 @@ def _engine_step_ms(lm: Any, drafter: Any, prompt: list[int], params: Any, k: in
 
 def _use_path(model: Any, path: str) -> None:
     """Switch ``model`` to one forward path (``PATHS``)."""
-    model.use_fused_path = path != "plain"
-    fused = model.fused_path()
-    if fused is not None:
-        fused.compile_max_tokens = 0 if path == "fused" else COMPILE_MAX_TOKENS
+    model.use_cpu_path = path != "plain"
+    cpu = model.cpu_path()
+    if cpu is not None:
+        cpu.compile_max_tokens = 0 if path == "tables" else COMPILE_MAX_TOKENS
 
 
-PATHS = ("plain", "fused", "fused+compiled")
+PATHS = ("plain", "tables", "tables+compile")
 
 
 def compare_paths(model: Any, prompt: list[int], sizes: list[int], rounds: int,
                   tick: Callable[[str], None]) -> list[PathTiming] | None:
     """Target passes over each L in ``sizes`` for every forward path, side by side (module
-    docstring); None when the model has no fused path (quantized weights, not on the CPU)."""
-    if model.fused_path() is None:
+    docstring); None when the model has no CPU path (quantized weights, not on the CPU)."""
+    if model.cpu_path() is None:
         return None
     times: dict[str, dict[int, list[float]]] = {p: {n: [] for n in sizes} for p in PATHS}
     try:
@@ -295,7 +295,7 @@ def compare_paths(model: Any, prompt: list[int], sizes: list[int], rounds: int,
                     times[path][n] += ms
             tick(f"paths {r + 1}/{rounds}")
     finally:
-        _use_path(model, "fused+compiled")
+        _use_path(model, "tables+compile")
 
     def total(path: str) -> list[float]:  # per round, summed over every L
         return [sum(t) for t in zip(*(times[path][n] for n in sizes))]

@@ -144,7 +144,6 @@ def _build(cfg: LlamaConfig, weights: dict[str, mx.array], dtype: str) -> Llama:
     except ValueError as err:
         raise MlxspecError(f"weights do not fit a llama model: {err}") from None
     mx.eval(model.parameters())
-    model.fuse_projections()  # float weights: the fused CPU path (core.model.FusedPath); no-op if quantized
     return model
 
 
