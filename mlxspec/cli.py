@@ -308,7 +308,7 @@ def chat(
 ) -> None:
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
     correction, bonus, plain), with acceptance statistics and speed beside them."""
-    from tui.chat.app import run_chat
+    from mlxspec.tui.chat.app import run_chat
 
     k = _k_option(k, draft)
     run_chat(model, _named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
@@ -448,7 +448,7 @@ def sweep(
                    per_category=per_category, categories=categories, max_tokens=max_tokens, warmup=warmup,
                    repeats=repeats, seed=seed, dtype=dtype, auto=auto, remeasure_cost=remeasure_cost)
     if tui:
-        from tui.sweep.app import describe, run_sweep_tui
+        from mlxspec.tui.sweep.app import describe, run_sweep_tui
 
         result = run_sweep_tui(k_list, describe(k_list, model, draft, temp, max_tokens, repeats, auto), **options)
         if result is None:

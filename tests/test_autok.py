@@ -288,10 +288,10 @@ def test_cost_curve_measures_and_caches_on_the_default_model(lm, tmp_path, monke
 
 def test_chat_panel_shows_the_k_in_use():
     from mlxspec.core.events import Status, Step, Token
-    from tui.chat.messages import Piece, StepData
-    from tui.chat.source import Settings
-    from tui.chat.stats import Baseline, TurnStats
-    from tui.chat.widgets import render_stats
+    from mlxspec.tui.chat.messages import Piece, StepData
+    from mlxspec.tui.chat.source import Settings
+    from mlxspec.tui.chat.stats import Baseline, TurnStats
+    from mlxspec.tui.chat.widgets import render_stats
 
     settings = Settings(draft="ngram:3", k="auto")
     assert settings.turn_k == 8 and "K=auto" in settings.label and Settings(draft="none", k="auto").turn_k == 0

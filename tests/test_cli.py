@@ -248,10 +248,10 @@ def test_out_folder_that_is_a_file(tmp_path, monkeypatch, command):
 
 
 def test_chat_takes_model_and_draft_like_generate(monkeypatch):
-    import tui.chat.app
+    import mlxspec.tui.chat.app
 
     calls = []
-    monkeypatch.setattr(tui.chat.app, "run_chat", lambda *a: calls.append(a))
+    monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a: calls.append(a))
     r = invoke("chat", "-m", "some.gguf", "-d", "ngram:2", "-k", "3")
     assert r.exit_code == 0, r.output
     assert calls == [("some.gguf", "ngram:2", 3, 0.0, 1.0, 512, "auto")]

@@ -8,7 +8,7 @@ from pilot import run, wait_for
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.errors import MlxspecError
-from tui.sweep.app import (
+from mlxspec.tui.sweep.app import (
     Series,
     SweepApp,
     SweepChart,

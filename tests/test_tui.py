@@ -14,12 +14,12 @@ from rich.text import Text
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.events import Status, Step, Token
-from tui.chat.app import ChatApp
-from tui.chat.fake import SCRIPT, FakeSource
-from tui.chat.messages import Piece, StepData, TurnResult
-from tui.chat.source import K_MAX, ModelSource, Settings
-from tui.chat.stats import Baseline, TurnStats
-from tui.chat.widgets import Answer, ErrorMessage, Prompt, status_style
+from mlxspec.tui.chat.app import ChatApp
+from mlxspec.tui.chat.fake import SCRIPT, FakeSource
+from mlxspec.tui.chat.messages import Piece, StepData, TurnResult
+from mlxspec.tui.chat.source import K_MAX, ModelSource, Settings
+from mlxspec.tui.chat.stats import Baseline, TurnStats
+from mlxspec.tui.chat.widgets import Answer, ErrorMessage, Prompt, status_style
 
 SIZE = (120, 40)
 
@@ -120,7 +120,7 @@ def test_target_only_turn_gives_a_baseline():
 def test_stream_text_appends_draw_what_a_full_redraw_draws():
     from textual.app import App
 
-    from tui.chat.stream import StreamText
+    from mlxspec.tui.chat.stream import StreamText
 
     chunks = ["Hello", " world", ", this is", " a long", "er\n\nparagraph", " with", " wrapping", " text that",
               " keeps", " going.\n", "x" * 30, " end", "\n"]
@@ -390,14 +390,14 @@ def test_unexpected_worker_error_is_shown():
 ])
 def test_run_chat_rejects_bad_options_before_starting(kwargs, message):
     from mlxspec.errors import MlxspecError
-    from tui.chat.app import run_chat
+    from mlxspec.tui.chat.app import run_chat
 
     with pytest.raises(MlxspecError, match=message):
         run_chat(**kwargs)
 
 
 def test_python_m_tui_takes_the_cli_option_names(monkeypatch, capsys):
-    import tui.__main__ as entry
+    import mlxspec.tui.__main__ as entry
 
     calls = []
     monkeypatch.setattr(entry, "run_chat", lambda *a: calls.append(a))

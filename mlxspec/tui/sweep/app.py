@@ -8,8 +8,8 @@ target-only line, share of drafts accepted),
 marks the measured and predicted optima when the sweep ends, and shows the sweep's table and
 verdict beneath.
 
-    python -m tui.sweep.app --demo                  # scripted numbers, no model
-    python -m tui.sweep.app --screenshot docs/sweep # docs/sweep.svg and .png from a short real sweep
+    python -m mlxspec.tui.sweep.app --demo                  # scripted numbers, no model
+    python -m mlxspec.tui.sweep.app --screenshot docs/sweep # docs/sweep.svg and .png from a short real sweep
 """
 
 from __future__ import annotations
@@ -587,7 +587,7 @@ async def _shoot(app: SweepApp, svg: Path, size: tuple[int, int]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m tui.sweep.app", description="mlxspec sweep --tui, standalone.")
+    ap = argparse.ArgumentParser(prog="python -m mlxspec.tui.sweep.app", description="mlxspec sweep --tui, standalone.")
     ap.add_argument("--demo", action="store_true", help="scripted numbers, no model")
     ap.add_argument("--screenshot", metavar="PATH", help="run headless and write PATH.svg (and .png)")
     ap.add_argument("--k", default="1..4")

@@ -1,4 +1,4 @@
-"""``python -m tui``: the chat UI without the ``mlxspec`` CLI (``--demo`` needs no model)."""
+"""``python -m mlxspec.tui``: the chat UI without the ``mlxspec`` CLI (``--demo`` needs no model)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _k_arg(text: str) -> int | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tui", description="mlxspec chat: speculative decoding, live.")
+    ap = argparse.ArgumentParser(prog="python -m mlxspec.tui", description="mlxspec chat: speculative decoding, live.")
     # the same option names as `mlxspec chat`
     ap.add_argument("--model", "-m", default="default", help="registry name, .gguf file or mlx-lm folder")
     ap.add_argument("--draft", "-d", default="default", help="default, none, ngram[:N], self:L or a draft path")

@@ -1,5 +1,5 @@
 """A deterministic stand-in for the models: scripted engine events, a word-per-token
-"tokenizer" and a virtual clock. Used by the tests and by ``python -m tui --demo``."""
+"tokenizer" and a virtual clock. Used by the tests and by ``python -m mlxspec.tui --demo``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What the chat app needs from the models, behind one small protocol so that tests (and
-``python -m tui --demo``) can inject a deterministic fake.
+``python -m mlxspec.tui --demo``) can inject a deterministic fake.
 
 Every method of a ``Source`` is called from the app's model worker thread only: that thread
 owns all MLX state. Widgets never see a ``Source``.

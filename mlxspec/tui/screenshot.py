@@ -1,6 +1,6 @@
 """Make docs/chat.svg (and docs/chat.png with ``rsvg-convert``): one turn on the default model.
 
-    python -m tui.screenshot [--out docs/chat] [--demo]
+    python -m mlxspec.tui.screenshot [--out docs/chat] [--demo]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ async def _shoot(app: ChatApp, svg: Path, size: tuple[int, int]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m tui.screenshot")
+    ap = argparse.ArgumentParser(prog="python -m mlxspec.tui.screenshot")
     ap.add_argument("--out", default="docs/chat", help="path without extension")
     ap.add_argument("--demo", action="store_true", help="the scripted fake source instead of the model")
     a = ap.parse_args()

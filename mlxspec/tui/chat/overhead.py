@@ -1,8 +1,8 @@
 """Does the UI slow generation down? The same greedy turn, headless (the engine plus text
 decoding, as ``mlxspec generate`` does) and inside the chat app, alternating (ABBA order).
 
-    python -m tui.chat.overhead                       # the app under Textual's headless driver
-    python -m tui.chat.overhead --terminal            # the app drawing to this terminal (run it in tmux)
+    python -m mlxspec.tui.chat.overhead                       # the app under Textual's headless driver
+    python -m mlxspec.tui.chat.overhead --terminal            # the app drawing to this terminal (run it in tmux)
 
 Reported per run:
 * decode tokens/s: the run's ``Run.decode_tps`` (the engine's timings), wall clock, so whatever
@@ -134,7 +134,7 @@ def measure(pairs: int, settings: Settings, terminal: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m tui.chat.overhead", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m mlxspec.tui.chat.overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=6, help="one headless and one app run each")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft", "-d", default="ngram:3")
