@@ -299,3 +299,31 @@ def test_cli_bad_heads_and_arch_are_one_line_errors(quick_eagle, tmp_path):
     assert r.exit_code == 2 and r.output.count("error:") == 1 and "cannot read head.safetensors" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--arch", "medusa", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "unknown --arch 'medusa'" in r.output
+
+
+def test_feature_shards_are_shared_by_sets_with_a_common_prefix(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from mlxspec.training import features
+
+    built = []
+
+    def fake_shard(target, chunk, max_tokens, batch):
+        built.append([e.prompt for e in chunk])
+        n = len(chunk)
+        return features.FeatureSet(np.arange(2 * n, dtype=np.int32), np.zeros((2 * n, 4), np.float16),
+                                   np.zeros(2 * n, np.float32), np.zeros(2 * n, np.int32), np.full(n, 2),
+                                   np.ones(n, np.int64), [e.category for e in chunk])
+
+    monkeypatch.setattr(features, "_build_shard", fake_shard)
+    monkeypatch.setattr(features, "SHARD", 2)
+    examples = [SimpleNamespace(category="c", prompt=f"p{i}", response="r") for i in range(5)]
+    target = SimpleNamespace(name="t")
+    small = features.build(target, examples[:3], tmp_path)
+    assert built == [["p0", "p1"], ["p2"]] and len(small.lengths) == 3
+    built.clear()
+    large = features.build(target, examples, tmp_path)
+    # the [p0, p1] shard is reused; [p2] alone was a different chunk from [p2, p3]
+    assert built == [["p2", "p3"], ["p4"]] and len(large.lengths) == 5
+    built.clear()
+    assert len(features.build(target, examples, tmp_path).lengths) == 5 and built == []

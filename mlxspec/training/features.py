@@ -8,7 +8,8 @@ we keep what training needs and nothing that can be recomputed: the hidden state
 log-normaliser of the full-vocabulary logits and the full argmax. The head's teacher over its
 own columns is ``W[vocab_ids] @ f - lse``, recomputed in each batch from the stored feature.
 
-Examples are processed in shards saved as they finish, so an interrupted build resumes.
+Examples are processed in shards saved as they finish, so an interrupted build resumes and a
+larger set reuses a smaller one's shards.
 """
 
 from __future__ import annotations
@@ -135,32 +136,26 @@ def _build_shard(target, examples: Sequence[Any], max_tokens: int, batch: int) -
 
 def build(target, examples: Sequence[Any], cache_dir: Path, max_tokens: int = MAX_TOKENS, batch: int = 8,
           progress: Callable[[int, int], None] | None = None) -> FeatureSet:
-    """Features for ``examples`` (anything with ``category``, ``prompt``, ``response``), from the
-    cache when this exact set was built before; shards already done are reused."""
+    """Features for ``examples`` (anything with ``category``, ``prompt``, ``response``), built
+    in shards of ``SHARD`` examples; shards already in the cache are reused."""
     if not examples:
         raise MlxspecError("no training examples")
-    key = cache_key(target.name, examples, max_tokens)
-    final = cache_dir / f"features-{key}.npz"
-    if final.exists():
-        return FeatureSet.load(final)
-    shard_dir = cache_dir / f"features-{key}.shards"
+    # Shards are keyed by their own examples, not the set's: sets that share a prefix of the
+    # corpus (a larger --max-examples, an interrupted build) share their shards, and a set is
+    # just its shards put together.
+    shard_dir = cache_dir / "shards"
     t0 = time.perf_counter()
     parts = []
-    for n, start in enumerate(range(0, len(examples), SHARD)):
-        path = shard_dir / f"{n:05d}.npz"
-        if path.exists():
-            parts.append(FeatureSet.load(path))
-        else:
-            parts.append(_build_shard(target, examples[start : start + SHARD], max_tokens, batch).save(path))
-            parts[-1] = FeatureSet.load(path)
+    for start in range(0, len(examples), SHARD):
+        chunk = examples[start : start + SHARD]
+        path = shard_dir / f"{cache_key(target.name, chunk, max_tokens)}.npz"
+        if not path.exists():
+            _build_shard(target, chunk, max_tokens, batch).save(path)
+        parts.append(FeatureSet.load(path))
         if progress:
             progress(min(start + SHARD, len(examples)), len(examples))
     meta = {"target": target.name, "examples": len(examples), "max_tokens": max_tokens,
-            "build_s": round(time.perf_counter() - t0, 1)}
+            "key": cache_key(target.name, examples, max_tokens), "load_or_build_s": round(time.perf_counter() - t0, 1)}
     data = FeatureSet.concat(parts, meta)
     data.meta["tokens_per_category"] = data.tokens_per_category()
-    data.save(final)
-    for p in sorted(shard_dir.glob("*.npz")):
-        p.unlink()
-    shard_dir.rmdir()
     return data
