@@ -55,7 +55,11 @@ def _k_option(k: Optional[str], draft: str) -> int | str | None:
     return spec
 
 
-def read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
+def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], prompt_opt: Optional[str] = None) -> str:
+    if prompt_opt is not None:  # mlx-lm's spelling, --prompt/-p
+        if prompt is not None or prompt_file is not None:
+            raise MlxspecError("give one prompt: PROMPT, --prompt or --prompt-file")
+        prompt = prompt_opt
     if prompt_file is not None:
         if prompt is not None:
             raise MlxspecError("give a prompt or --prompt-file, not both")
@@ -74,12 +78,20 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path]) -> str:
     return prompt
 
 
-ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file or mlx-lm folder.")
-DraftOpt = typer.Option("default", "--draft", "-d", help="Drafter: default (the registry's trained draft for the target, else ngram:3), none, ngram[:N] (prompt lookup), self:L (target's first L layers), a trained draft folder or a draft model path.")
-KOpt = typer.Option(None, "--k", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
-KFixedOpt = typer.Option(4, "--k", "-k", help="Draft tokens per step (1..64).")
+ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
+DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's trained draft for the target, else ngram:3), none, ngram[:N] (prompt lookup), self:L (target's first L layers), a trained draft folder or a draft model path.")
+KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
+SystemOpt = typer.Option(None, "--system-prompt", help="A system message before the user's (chat template).")
+KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft tokens per step (1..64).")
 RemeasureOpt = typer.Option(False, "--remeasure-cost", help="--k auto: measure this machine's verify-cost curve for the model again (cached in $MLXSPEC_HOME/costcurves).")
 DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
+
+
+def with_system(text: str, system: Optional[str]) -> str | list[dict]:
+    """The user message, with a system message before it when one is given."""
+    if system is None:
+        return text
+    return [{"role": "system", "content": system}, {"role": "user", "content": text}]
 
 
 @app.command()
@@ -87,6 +99,8 @@ DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized o
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The user message (chat template applied)."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from a UTF-8 file ('-' for stdin)."),
+    prompt_opt: Optional[str] = typer.Option(None, "--prompt", "-p", help="The user message, as an option (mlx-lm's spelling)."),
+    system_prompt: Optional[str] = SystemOpt,
     model: str = ModelOpt,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Stop after this many new tokens."),
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
@@ -110,14 +124,16 @@ def generate(
     from mlxspec.targets.drafts import make_drafter
     from mlxspec.targets.tokenizer import encode_prompt
 
-    text = read_prompt(prompt, prompt_file)
+    text = read_prompt(prompt, prompt_file, prompt_opt)
+    if system_prompt is not None and raw:
+        raise MlxspecError("--system-prompt needs the chat template; drop --raw")
     params = SamplingParams(temp, top_p, top_k, min_p)
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     k = _k_option(k, draft)
     lm = loading.load(model, dtype)
     drafter = make_drafter(_named_draft(draft, model), lm, dtype)
-    ids = encode_prompt(lm.tokenizer, text, raw=raw)
+    ids = encode_prompt(lm.tokenizer, with_system(text, system_prompt), raw=raw)
     policy = k_policy(k, lm, drafter, remeasure_cost)
     reply = _ReplyWriter(lm, drafter, "auto" if k is None else k, as_json)
     eos = set(lm.tokenizer.eos_token_ids)
@@ -303,7 +319,7 @@ def _named_draft(draft: str, target: str) -> str:
 @friendly
 def chat(
     model: str = ModelOpt,
-    draft: str = typer.Option("default", "--draft", "-d", help="Drafter: default, none, ngram[:N], self:L or a draft path (cycle with a key)."),
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default, none, ngram[:N], self:L or a draft path (cycle with a key)."),
     k: Optional[str] = KOpt,
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
@@ -325,7 +341,7 @@ def chat(
 def bench(
     baseline: bool = typer.Option(False, "--baseline", help="Target-only decode speed: mlxspec vs mlx-lm's stream_generate, and the memory-bandwidth floor."),
     model: str = ModelOpt,
-    draft: str = typer.Option("default", "--draft", "-d", help="Drafter to benchmark (see `generate --help`)."),
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter to benchmark (see `generate --help`)."),
     k: Optional[str] = KOpt,
     remeasure_cost: bool = RemeasureOpt,
     temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures to run (repeat the option)."),
@@ -373,7 +389,7 @@ def bench(
 @friendly
 def verify(
     model: str = ModelOpt,
-    draft: str = typer.Option("ngram:3", "--draft", "-d", help="Drafter whose output distribution is checked."),
+    draft: str = typer.Option("ngram:3", "--draft", "--draft-model", "-d", help="Drafter whose output distribution is checked."),
     k: int = KFixedOpt,
     tokens: int = typer.Option(9200, help="Tokens sampled per method for the chi-squared test."),
     temp: float = typer.Option(1.0, "--temp", "-t", help="Sampling temperature for the distribution test."),
@@ -421,7 +437,7 @@ def verify(
 def sweep(
     ks: str = typer.Option("1..8", "--k", "-k", help="Draft lengths: a range (1..8), a list (1,2,4,8) or both (1..3,8)."),
     model: str = ModelOpt,
-    draft: str = typer.Option("default", "--draft", "-d", help="Drafter to sweep (see `generate --help`)."),
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter to sweep (see `generate --help`)."),
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="Prompts from a file (one per line, or jsonl with 'turns')."),
@@ -482,7 +498,7 @@ def sweep(
 @friendly
 def profile(
     model: str = ModelOpt,
-    draft: str = typer.Option("default", "--draft", "-d", help="Drafter to profile (see `generate --help`); default: the registry's default draft, or where that is none, the target's first shipped draft."),
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter to profile (see `generate --help`); default: the registry's default draft, or where that is none, the target's first shipped draft."),
     k: int = typer.Option(5, "--k", "-k", help="Draft tokens per step (1..64); target passes are timed for L = 1..K+1."),
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
     steps: int = typer.Option(24, help="Instrumented steps (medians over them)."),
@@ -733,7 +749,7 @@ def _finish_training(out: Path, recipe: str, data, cfg, draft, history: list, se
 @app.command("eval-draft")
 @friendly
 def eval_draft(
-    draft: str = typer.Option("default", "--draft", "-d", help="Draft folder, registry draft name or any drafter spec."),
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Draft folder, registry draft name or any drafter spec."),
     model: str = ModelOpt,
     ks: str = typer.Option("3,5,8", "--k", "-k", help="Draft lengths to evaluate (list or range)."),
     temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures (repeat the option)."),

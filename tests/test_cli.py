@@ -199,9 +199,10 @@ def test_model_and_draft_options_mean_the_same_everywhere():
         for p in options:
             opts = set(p.opts) | set(p.secondary_opts)
             assert p.name != "target" and "--target" not in opts, f"{name}: the target is --model/-m"
-            for dest, short in (("model", "-m"), ("draft", "-d")):
+            # mlx-lm's spelling --draft-model is an alias of --draft wherever --draft is
+            for dest, short, alias in (("model", "-m", set()), ("draft", "-d", {"--draft-model"})):
                 if p.name == dest or opts & {f"--{dest}", short}:
-                    assert p.name == dest and opts == {f"--{dest}", short}, f"{name}: {sorted(opts)} -> {p.name}"
+                    assert p.name == dest and opts == {f"--{dest}", short} | alias, f"{name}: {sorted(opts)} -> {p.name}"
                     assert not p.is_flag and not p.multiple, name
                     seen[dest] += 1
     assert seen["model"] >= 7 and seen["draft"] >= 6, seen
@@ -275,3 +276,29 @@ def test_sweep_json_to_stdout_and_out_file(tmp_path):
     assert data == json.loads(out.read_text())
     assert data["schema"] == 2 and [row["k"] for row in data["rows"]] == [1, None] and data["verdict"][0]["kind"]
     assert data["rows"][-1]["label"] == "auto" and data["auto_vs_best"]["k"] == 1
+
+
+def test_mlx_lm_spellings_are_aliases(monkeypatch):
+    import mlxspec.tui.chat.app
+
+    calls = []
+    monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a: calls.append(a))
+    r = invoke("chat", "--model", "some.gguf", "--draft-model", "ngram:2", "--num-draft-tokens", "3")
+    assert r.exit_code == 0, r.output
+    assert calls == [("some.gguf", "ngram:2", 3, 0.0, 1.0, 512, "auto")]
+
+
+def test_prompt_option_and_system_prompt(monkeypatch):
+    from mlxspec import cli
+
+    assert cli.read_prompt(None, None, "hi") == "hi"
+    assert cli.with_system("hi", None) == "hi"
+    assert cli.with_system("hi", "be brief") == [{"role": "system", "content": "be brief"},
+                                                 {"role": "user", "content": "hi"}]
+    one_line_error(invoke("generate", "a", "--prompt", "b"), "give one prompt")
+    one_line_error(invoke("generate", "--prompt", "b", "--system-prompt", "s", "--raw"), "--system-prompt needs the chat template")
+
+
+def test_m_says_what_it_means():
+    r = invoke("generate", "--help")
+    assert "-m is --model" in " ".join(r.output.split())

@@ -4,23 +4,26 @@ rejected ones off again."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
 from mlxspec.errors import MlxspecError
 
 
-def check_trimmable(cache: Sequence[Any], owner: str) -> list[Any]:
-    """``cache`` if every layer can be rolled back, else a clear error naming ``owner``.
+def check_trimmable(cache: Sequence[Any], owner: str, hint: str = "") -> list[Any]:
+    """``cache`` if every layer can be rolled back, else a clear error naming ``owner`` (and
+    ending in ``hint``, what to do instead).
 
     A rotating cache reports itself trimmable until it wraps, then silently is not, so it is
     refused up front rather than corrupting a long generation."""
-    if not all(c.is_trimmable() and not isinstance(c, RotatingKVCache) for c in cache):
-        kind = type(cache[0]).__name__ if cache else "none"
+    stuck = [c for c in cache if not c.is_trimmable() or isinstance(c, RotatingKVCache)]
+    if stuck:
         raise MlxspecError(
-            f"{owner} uses a cache that cannot be rolled back ({kind}: rotating or recurrent); "
-            "speculative decoding needs a trimmable KV cache"
+            f"{owner} uses a cache that cannot be rolled back ({type(stuck[0]).__name__}: rotating or "
+            f"recurrent); speculative decoding needs a trimmable KV cache{hint}"
         )
     return list(cache)
 
@@ -30,3 +33,40 @@ def rewind(cache: Sequence[Any], n: int) -> None:
     if n > 0:
         for c in cache:
             c.trim(n)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class PromptCache:
+    """A target's KV cache kept from one call to the next (chat turns, server requests), so a
+    new prompt that starts like the last conversation only prefills what is new.
+
+    ``tokens`` are the tokens the cache holds, in order; ``hidden`` their final hidden states,
+    kept only when a drafter that reads them ran (it needs them for the whole prompt)."""
+
+    cache: list[Any] | None = None
+    tokens: list[int] = field(default_factory=list)
+    hidden: mx.array | None = None
+
+    def take(self, head: list[int], want_hidden: bool) -> tuple[list[Any] | None, int]:
+        """The kept cache cut back to the longest prefix it shares with ``head``, and that
+        length; (None, 0) when nothing is reusable. The cache is handed over: ``keep`` it again
+        after the call."""
+        cache, held = self.cache, self.tokens
+        self.cache, self.tokens = None, []
+        n = common_prefix(held, head)
+        if cache is None or n == 0 or (want_hidden and self.hidden is None):
+            return None, 0
+        rewind(cache, len(held) - n)
+        return cache, n
+
+    def keep(self, cache: list[Any], tokens: list[int], hidden: mx.array | None = None) -> None:
+        self.cache, self.tokens, self.hidden = cache, list(tokens), hidden

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from mlxspec.core.cache import rewind
+from mlxspec.core.cache import PromptCache, check_trimmable, rewind
 from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal
 from mlxspec.core.events import Done, Event, Status, Step, Token
 from mlxspec.core.prefill import prefill
@@ -19,6 +19,9 @@ from mlxspec.core.sampling import SamplingParams, probs, sample
 from mlxspec.core.target import Target
 from mlxspec.core.verify import greedy_verify, pad_vocab, rejection_verify
 from mlxspec.errors import MlxspecError
+
+# A recurrent target (Mamba-style state) still decodes, one token at a time.
+NOT_TRIMMABLE_HINT = "; decode it target-only (--draft none)"
 
 
 def _token_budget(prompt: list[int], max_tokens: int, context: int) -> tuple[int, str]:
@@ -41,11 +44,14 @@ def generate_plain(
     stop_ids: set[int],
     context: int,
     seed: int = 0,
+    kept: PromptCache | None = None,
 ) -> Iterator[Event]:
     """Target-only decoding. The next token is computed while the host handles the current one
-    (``async_eval``), as mlx-lm does; the one extra step at the end is discarded."""
+    (``async_eval``), as mlx-lm does; the one extra step at the end is discarded. ``kept``: a
+    cache from an earlier call to reuse, and to leave this call's cache in."""
     limit, at_limit = _token_budget(prompt, max_tokens, context)
-    cache = model.make_cache()
+    cache, n_kept = kept.take(prompt[:-1], False) if kept else (None, 0)
+    cache = cache if cache is not None else model.make_cache()
     key = mx.random.key(seed)
 
     def step(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
@@ -55,39 +61,54 @@ def generate_plain(
         return sample(logits, params, sub), key
 
     t0 = time.perf_counter()
-    y, key = step(prefill(model, cache, prompt), key)
+    y, key = step(prefill(model, cache, prompt[n_kept:]), key)
     mx.async_eval(y, key)
     n, reason, t_first, t_prev = 0, at_limit, None, None
-    while n < limit:
-        nxt, key = step(model(y.reshape(1, 1), cache)[0, -1], key)
-        mx.async_eval(nxt, key)
-        tok = y.item()
-        now = time.perf_counter()
-        if t_first is None:
-            t_first = t_prev = now
-        if tok in stop_ids:
-            reason = "eos"
-            break
-        n += 1
-        yield Step([Token(tok, Status.PLAIN)], k=0, accepted=0, draft_ms=0.0, verify_ms=(now - t_prev) * 1e3)
-        t_prev = now
-        y = nxt
+    fed = list(prompt)  # what the cache holds once the pass in flight is done
+    try:
+        while n < limit:
+            nxt, key = step(model(y.reshape(1, 1), cache)[0, -1], key)
+            mx.async_eval(nxt, key)
+            tok = y.item()
+            fed.append(tok)
+            now = time.perf_counter()
+            if t_first is None:
+                t_first = t_prev = now
+            if tok in stop_ids:
+                reason = "eos"
+                break
+            n += 1
+            yield Step([Token(tok, Status.PLAIN)], k=0, accepted=0, draft_ms=0.0, verify_ms=(now - t_prev) * 1e3)
+            t_prev = now
+            y = nxt
+    except Exception:
+        kept = None  # a step that failed halfway leaves no cache worth keeping
+        raise
+    finally:  # also when the consumer stops early: at every yield the cache is consistent
+        if kept is not None:
+            kept.keep(cache, fed)
     end = time.perf_counter()
     mx.synchronize()  # the speculative next step is still running; finish it before we return
     yield Done(len(prompt), n, prefill_s=t_first - t0, decode_s=end - t_first, stop_reason=reason, steps=n)
 
 
-def _start(model: Target, drafter: Drafter, prompt: list[int]) -> list:
-    """Prefill the target with all but the last prompt token, and the drafter with the prompt
-    (and the target's hidden states of those tokens if it reads them)."""
-    cache = model.make_cache()
-    hidden = None
-    if len(prompt) > 1:
-        out = prefill(model, cache, prompt[:-1], return_hidden=drafter.wants_hidden)
-        hidden = out[1] if drafter.wants_hidden else None
+def _start(model: Target, drafter: Drafter, prompt: list[int],
+           kept: PromptCache | None) -> tuple[list, mx.array | None]:
+    """Prefill the target with all but the last prompt token (only those ``kept`` does not
+    hold already), and the drafter with the prompt (and the target's hidden states of those
+    tokens if it reads them). Returns the cache and those hidden states."""
+    head, want = prompt[:-1], drafter.wants_hidden
+    cache, n = kept.take(head, want) if kept else (None, 0)
+    if cache is None:
+        cache = check_trimmable(model.make_cache(), "the target", NOT_TRIMMABLE_HINT)
+    hidden = kept.hidden[:n] if n and want else None
+    if len(head) > n:
+        out = prefill(model, cache, head[n:], return_hidden=want)
+        if want:
+            hidden = out[1] if hidden is None else mx.concatenate([hidden, out[1]])
         mx.eval([c.state for c in cache], hidden)
     drafter.reset(prompt, hidden)
-    return cache
+    return cache, hidden
 
 
 def _verify(model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
@@ -135,58 +156,72 @@ def generate(
     seed: int = 0,
     drafter: Drafter | None = None,
     k: int | KPolicy = 4,
+    kept: PromptCache | None = None,
 ) -> Iterator[Event]:
     """Speculative decoding with ``drafter`` (target-only decoding without one), drafting ``k``
     tokens a step, or as many as a ``KPolicy`` asks for each step.
 
     Invariant: the target cache holds every committed token but the last, ``y``. A step feeds
     [y, d_1..d_m] in one pass; row i of its logits judges d_{i+1} and row m gives the bonus.
+    ``kept``: a cache from an earlier call (a chat's last turn) to reuse, and to leave this
+    call's cache in, with the hidden states of its tokens when the drafter reads them.
     """
     if drafter is None:
-        yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed)
+        yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept)
         return
     limit, reason = _token_budget(prompt, max_tokens, context)
     policy = FixedK(k) if isinstance(k, int) else k
     t0 = time.perf_counter()
-    cache = _start(model, drafter, prompt)
+    cache, prompt_hidden = _start(model, drafter, prompt, kept)
     history, y = list(prompt), prompt[-1]
+    # the hidden states of what the cache holds, for ``kept``, when the drafter reads them
+    held_hidden = [prompt_hidden] if kept is not None and prompt_hidden is not None else None
     key = mx.random.key(seed)
     emitted, accepted_lengths = 0, []
     t_first = None
 
-    while emitted < limit:
-        key, draft_key, verify_key = mx.random.split(key, 3)
-        # Never draft past what may still be emitted: the verify pass adds one token itself.
-        room = max(0, min(policy.next_k(), limit - emitted - 1))
+    try:
+        while emitted < limit:
+            key, draft_key, verify_key = mx.random.split(key, 3)
+            # Never draft past what may still be emitted: the verify pass adds one token itself.
+            room = max(0, min(policy.next_k(), limit - emitted - 1))
 
-        t_step = time.perf_counter()
-        proposal = drafter.propose(history, room, params, draft_key)
-        if not proposal.is_chain:
-            raise MlxspecError(f"drafter {drafter.name!r} proposed a tree; this engine verifies chains")
-        mx.eval(proposal.tokens, proposal.q)  # a sync of its own only so draft and verify time are reported apart
-        t_drafted = time.perf_counter()
+            t_step = time.perf_counter()
+            proposal = drafter.propose(history, room, params, draft_key)
+            if not proposal.is_chain:
+                raise MlxspecError(f"drafter {drafter.name!r} proposed a tree; this engine verifies chains")
+            mx.eval(proposal.tokens, proposal.q)  # a sync of its own only so draft and verify time are reported apart
+            t_drafted = time.perf_counter()
 
-        n_acc, nxt, hidden = _verify(model, cache, y, proposal, params, verify_key, drafter.wants_hidden)
-        mx.eval(n_acc, nxt)
-        t_verified = time.perf_counter()
+            n_acc, nxt, hidden = _verify(model, cache, y, proposal, params, verify_key, drafter.wants_hidden)
+            mx.eval(n_acc, nxt)
+            t_verified = time.perf_counter()
 
-        drafted, n, y = proposal.tokens.tolist(), n_acc.item(), nxt.item()
-        rewind(cache, len(drafted) - n)
-        policy.observe(len(drafted), n)
-        policy.observe_timing((t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3, len(drafted))
-        drafter.commit(Commit(drafted, n, y, None if hidden is None else hidden[: n + 1]))
-        history += drafted[:n] + [y]
-        accepted_lengths.append(n)
+            drafted, n, y = proposal.tokens.tolist(), n_acc.item(), nxt.item()
+            rewind(cache, len(drafted) - n)
+            policy.observe(len(drafted), n)
+            policy.observe_timing((t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3, len(drafted))
+            drafter.commit(Commit(drafted, n, y, None if hidden is None else hidden[: n + 1]))
+            if held_hidden is not None:
+                held_hidden.append(hidden[: n + 1])
+            history += drafted[:n] + [y]
+            accepted_lengths.append(n)
 
-        tokens, stop = _step_tokens(drafted, n, y, stop_ids, limit - emitted)
-        emitted += sum(t.emitted for t in tokens)
-        if t_first is None:
-            t_first = t_verified
-        yield Step(tokens, k=len(drafted), accepted=n,
-                   draft_ms=(t_drafted - t_step) * 1e3, verify_ms=(t_verified - t_drafted) * 1e3, room=room)
-        if stop:
-            reason = "eos"
-            break
+            tokens, stop = _step_tokens(drafted, n, y, stop_ids, limit - emitted)
+            emitted += sum(t.emitted for t in tokens)
+            if t_first is None:
+                t_first = t_verified
+            yield Step(tokens, k=len(drafted), accepted=n,
+                       draft_ms=(t_drafted - t_step) * 1e3, verify_ms=(t_verified - t_drafted) * 1e3, room=room)
+            if stop:
+                reason = "eos"
+                break
+    except Exception:
+        kept = None  # a step that failed halfway leaves no cache worth keeping
+        raise
+    finally:  # also when the consumer stops early: at every yield the cache holds history[:-1]
+        if kept is not None:
+            kept.keep(cache, history[:-1], mx.concatenate(held_hidden) if held_hidden else None)
 
     end = time.perf_counter()
     yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
+from mlxspec.core.cache import PromptCache
 from mlxspec.core.drafters import MAX_K
 from mlxspec.core.events import Event
 
@@ -135,6 +136,7 @@ class ModelSource:
         self.remeasure_cost = remeasure_cost
         self._drafters: dict[str, Drafter | None] = {}
         self._policies: dict[str, object] = {}  # one AutoK per drafter, learning across turns
+        self.kept = PromptCache()  # the target's cache from the last turn: a new turn prefills only itself
 
     def load(self) -> ModelInfo:
         from mlxspec import runtime
@@ -212,7 +214,7 @@ class ModelSource:
         drafter = self.drafter(settings.drafter)
         ids = encode_prompt(lm.tokenizer, messages)
         events = generate(lm.model, ids, params, settings.max_tokens, stop_token_ids(lm.tokenizer),
-                          lm.context_length, settings.seed, drafter, self.k_policy(settings, drafter))
+                          lm.context_length, settings.seed, drafter, self.k_policy(settings, drafter), self.kept)
         try:
             yield from events
         finally:
