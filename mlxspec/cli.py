@@ -326,6 +326,7 @@ def chat(
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
+    system_prompt: Optional[str] = SystemOpt,
 ) -> None:
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
     correction, bonus, plain), with acceptance statistics and speed beside them."""
@@ -333,7 +334,7 @@ def chat(
 
     k = _k_option(k, draft)
     run_chat(model, _named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
-             **({"remeasure_cost": True} if remeasure_cost else {}))
+             **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 
 @app.command()

@@ -302,3 +302,12 @@ def test_prompt_option_and_system_prompt(monkeypatch):
 def test_m_says_what_it_means():
     r = invoke("generate", "--help")
     assert "-m is --model" in " ".join(r.output.split())
+
+
+def test_chat_takes_a_system_prompt(monkeypatch):
+    import mlxspec.tui.chat.app
+
+    calls = []
+    monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(kw))
+    assert invoke("chat", "-d", "none", "--system-prompt", "Answer in French.").exit_code == 0
+    assert calls == [{"system": "Answer in French."}]

@@ -521,3 +521,27 @@ def test_keys_on_the_real_model_and_stop_keeps_partial_answer(lm):
     app.wait_for_worker_exit()
     print(f"key latency while generating: {[round(x * 1e3, 1) for x in latencies]} ms; stop took {stop_s:.2f} s")
     assert max(latencies) < 0.1
+
+
+@pytest.mark.model
+def test_model_source_keeps_the_cache_across_turns_with_a_system_prompt(lm):
+    from mlxspec.core.engine import generate
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.targets.drafts import make_drafter
+    from mlxspec.targets.tokenizer import encode_prompt
+
+    src = ModelSource(loaded=lm, baseline_tokens=0)
+    settings = Settings(draft="ngram:3", k=3, max_tokens=6, system="Answer in one short sentence.")
+    messages = [{"role": "user", "content": "Name a colour."}]
+    system = [{"role": "system", "content": settings.system}]
+    tok = lm.tokenizer
+    for follow_up in ("And another one?", None):
+        got = [t.id for e in src.events(messages, settings) if isinstance(e, Step) for t in e.tokens if t.emitted]
+        ids = encode_prompt(tok, system + messages)
+        assert src.kept.tokens[: len(ids)] == ids  # the whole turn is in the kept cache
+        fresh = [t.id for e in generate(lm.model, ids, SamplingParams(), 6, set(tok.eos_token_ids),
+                                        lm.context_length, 0, make_drafter("ngram:3", lm), 3)
+                 if isinstance(e, Step) for t in e.tokens if t.emitted]
+        assert got == fresh
+        if follow_up:
+            messages += [{"role": "assistant", "content": tok.decode(got)}, {"role": "user", "content": follow_up}]

@@ -352,7 +352,8 @@ class ChatApp(App[None], inherit_bindings=False):
 
 
 def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float = 0.0,
-             top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False) -> None:
+             top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False,
+             system: str | None = None) -> None:
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
     starts; a model that fails to load is reported inside the UI."""
     from mlxspec.core.autok import parse_k_option
@@ -366,7 +367,7 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=temp,
-                        top_p=top_p, max_tokens=max_tokens)
+                        top_p=top_p, max_tokens=max_tokens, system=system)
     app = ChatApp(ModelSource(target, dtype, auto_k=k == AUTO, remeasure_cost=remeasure_cost), settings,
                   loading_label=f"model {target!r}")
     app.run()

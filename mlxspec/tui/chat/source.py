@@ -39,6 +39,7 @@ class Settings:
     top_p: float = 1.0
     max_tokens: int = 512
     seed: int = 0
+    system: str | None = None  # a system message before every conversation (--system-prompt)
 
     @property
     def drafter(self) -> str:
@@ -212,7 +213,8 @@ class ModelSource:
         lm = self.lm
         params = SamplingParams(settings.temp, settings.top_p)
         drafter = self.drafter(settings.drafter)
-        ids = encode_prompt(lm.tokenizer, messages)
+        system = [{"role": "system", "content": settings.system}] if settings.system else []
+        ids = encode_prompt(lm.tokenizer, system + messages)
         events = generate(lm.model, ids, params, settings.max_tokens, stop_token_ids(lm.tokenizer),
                           lm.context_length, settings.seed, drafter, self.k_policy(settings, drafter), self.kept)
         try:
