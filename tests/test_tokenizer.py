@@ -55,3 +55,26 @@ def test_multi_turn_messages(lm):
     text = lm.tokenizer.decode(encode_prompt(lm.tokenizer, msgs))
     assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
     assert text.endswith("<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n")
+
+
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+BYTE_DECODER = _byte_decoder()
+
+
+@pytest.mark.parametrize("pre, pieces", [
+    ("llama-bpe", ["123", "45", " apples"]),  # llama3: digits in threes
+    ("qwen2", ["1", "2", "3", "4", "5", " apples"]),
+    ("smollm", ["1", "2", "3", "4", "5", " apples"]),
+    (None, ["12345", " apples"]),  # GPT-2's regex keeps a number whole
+])
+def test_gguf_pre_tokenizer_follows_the_model(pre, pieces):
+    from mlxspec.targets.tokenizer import pre_tokenizer
+
+    split = [p for p, _ in pre_tokenizer(pre).pre_tokenize_str("12345 apples")]
+    decoded = [bytes(bytearray(BYTE_DECODER[c] for c in p)).decode() for p in split]
+    assert decoded == pieces

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from mlxspec.errors import MlxspecError
@@ -26,6 +26,29 @@ def _scalar(meta: dict[str, Any], key: str, default: Any = None) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
+def _gguf_splits() -> dict[str, str]:
+    """transformers' table of llama.cpp's pre-tokenizer regexes by GGUF name (llama3, qwen2,
+    tekken, ...), where this transformers has it."""
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+    except ImportError:
+        return {}
+    return GGUF_PRE_TOKENIZER_SPLITS
+
+
+def pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
+    """How text is split before BPE, as the vocabulary's merges were learned: llama3 keeps
+    digits in threes, qwen2 and smollm one by one; GPT-2's regex otherwise."""
+    split = _gguf_splits().get(pre or "")
+    if split is not None:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "deepseek-llm"):  # GPT-2's regex with every digit its own pre-token
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    return byte_level
+
+
 def tokenizer_from_gguf(meta: dict[str, Any]) -> TokenizerWrapper:
     """GPT-2 style byte-level BPE from ``tokenizer.ggml.*`` metadata."""
     kind = meta.get("tokenizer.ggml.model")
@@ -39,14 +62,7 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> TokenizerWrapper:
 
     bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False)
     tok = Tokenizer(bpe)
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if meta.get("tokenizer.ggml.pre") in ("smollm", "qwen2", "llama3", "deepseek-llm"):
-        # These splits put every digit in its own pre-token (llama.cpp's per-model regex).
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
-    else:
-        tok.pre_tokenizer = byte_level
+    tok.pre_tokenizer = pre_tokenizer(_scalar(meta, "tokenizer.ggml.pre"))
     tok.decoder = decoders.ByteLevel()
 
     special = [tokens[i] for i in np.flatnonzero(np.isin(types, _SPECIAL_TYPES))] if types is not None else []
