@@ -1,0 +1,313 @@
+"""``mlxspec serve`` against the official ``openai`` client on loopback.
+
+Model tests compare the server's greedy text, usage and speculation counts with the engine run
+directly on the same prompt (what ``mlxspec generate --temp 0`` prints), once with an in-process
+server (ngram:3, K=4) and once with the real CLI in a subprocess (--draft none)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from mlxspec.core.events import Done, Status, Step, Token
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.serve import (
+    CHAT,
+    TEXT,
+    ApiError,
+    ServeOptions,
+    StopScanner,
+    Tally,
+    parse_generation,
+    parse_json,
+)
+
+try:
+    import openai
+except ImportError:  # the dev extra installs it; the unit tests below run without it
+    openai = None
+client_tests = pytest.mark.skipif(openai is None, reason="needs the openai client (pip install -e .[dev])")
+
+CHAT_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
+TEXT_PROMPT = "Counting: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+N = 16
+NAMES = frozenset({"smollm2-135m-instruct", "default"})
+
+
+# --- request parsing and counting, no model ---------------------------------------------------
+
+
+def test_parse_defaults_come_from_the_server_options():
+    opts = ServeOptions(temperature=0.5, top_p=0.9, max_tokens=7)
+    req = parse_generation(CHAT, {"messages": [{"role": "user", "content": "hi"}], "seed": 3}, opts, NAMES)
+    assert (req.params, req.max_tokens, req.seed, req.stream, req.stop) == (SamplingParams(0.5, 0.9), 7, 3, False, ())
+    assert parse_generation(CHAT, {"messages": [{"role": "user", "content": "hi"}], "seed": -1}, opts, NAMES).seed \
+        == 2**64 - 1
+    req = parse_generation(TEXT, {"prompt": ["hi"], "max_tokens": 2, "temperature": 0, "stop": "\n",
+                                  "stream": True, "mlxspec": {"token_status": True}}, opts, NAMES)
+    assert (req.prompt, req.max_tokens, req.params.greedy, req.stop, req.stream, req.token_status) == \
+        ("hi", 2, True, ("\n",), True, True)
+
+
+def test_chat_content_parts_are_joined():
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert parse_generation(CHAT, body, ServeOptions(), NAMES).prompt == [{"role": "user", "content": "ab"}]
+
+
+@pytest.mark.parametrize("kind, body, status, code", [
+    (CHAT, {}, 400, "missing_messages"),
+    (CHAT, {"messages": []}, 400, "missing_messages"),
+    (CHAT, {"messages": ["hi"]}, 400, "invalid_messages"),
+    (CHAT, {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, 400, "invalid_stop"),
+    (TEXT, {"prompt": ""}, 400, "missing_prompt"),
+    (TEXT, {"prompt": ["a", "b"]}, 400, "missing_prompt"),
+])
+def test_bad_requests_are_openai_shaped_errors(kind, body, status, code):
+    with pytest.raises(ApiError) as e:
+        parse_generation(kind, body, ServeOptions(), NAMES)
+    assert (e.value.status, e.value.code) == (status, code)
+    err = e.value.body()["error"]
+    assert err["code"] == code and err["type"] == "invalid_request_error" and err["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{nope", b"[1, 2]", b"\xff"])
+def test_bad_json(raw):
+    with pytest.raises(ApiError) as e:
+        parse_json(raw)
+    assert (e.value.status, e.value.code) == (400, "invalid_json")
+
+
+def test_stop_scanner_holds_back_what_may_start_a_stop_string():
+    s = StopScanner(("END", "\n\n"))
+    assert [s.feed(p) for p in ("ab", "cE", "N", "x\n", "y")] == ["ab", "c", "", "ENx", "\ny"]
+    assert s.flush() == "" and not s.stopped
+    s = StopScanner(("END",))
+    assert [s.feed(p) for p in ("abE", "NDzz", "more")] == ["ab", "", ""] and s.stopped and s.flush() == ""
+    s = StopScanner(("END",))
+    assert (s.feed("xEN"), s.flush()) == ("x", "EN")
+
+
+def test_tally_counts_from_the_events():
+    tally = Tally(prompt_tokens=5)
+    steps = [Step([Token(1, Status.ACCEPTED), Token(2, Status.REJECTED), Token(3, Status.CORRECTED)], k=2,
+                  accepted=1, draft_ms=1.0, verify_ms=10.0),
+             Step([Token(4, Status.ACCEPTED), Token(5, Status.ACCEPTED), Token(6, Status.BONUS)], k=2,
+                  accepted=2, draft_ms=1.0, verify_ms=10.0)]
+    for ev in steps + [Done(5, 5, 0.1, 0.2, "eos", steps=2, accepted_lengths=[1, 2])]:
+        tally.add(ev)
+    assert tally.usage() == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+    spec = tally.speculation("ngram:3", 2)
+    assert {k: spec[k] for k in ("steps", "drafted", "accepted", "acceptance", "tokens_per_step")} == \
+        {"steps": 2, "drafted": 4, "accepted": 3, "acceptance": 0.75, "tokens_per_step": 2.5}
+    assert Tally(3).speculation(None, 4) == {"drafter": None, "k": 0, "steps": 0, "drafted": 0, "accepted": 0,
+                                                  "acceptance": None, "tokens_per_step": None, "draft_ms": 0.0,
+                                                  "verify_ms": 0.0}
+
+
+# --- the real model -----------------------------------------------------------------------------
+
+
+def engine_reply(lm, spec: str, prompt: str, raw: bool) -> dict:
+    """What ``generate --temp 0 -n N [--raw] --draft spec --k 4`` decodes: text and counts."""
+    from mlxspec.core.engine import generate
+    from mlxspec.targets.drafts import make_drafter
+    from mlxspec.targets.tokenizer import encode_prompt
+
+    ids = encode_prompt(lm.tokenizer, prompt, raw=raw)
+    tally = Tally(len(ids))
+    tokens = []
+    for ev in generate(lm.model, ids, SamplingParams(), N, set(lm.tokenizer.eos_token_ids), lm.context_length, 0,
+                       drafter=make_drafter(spec, lm), k=4):
+        tally.add(ev)
+        tokens += ev.emitted if isinstance(ev, Step) else []
+    import mlx.core as mx
+
+    mx.synchronize()
+    return {"text": lm.tokenizer.decode(tokens), "usage": tally.usage(), "tally": tally}
+
+
+@pytest.fixture(scope="module")
+def expected(lm) -> dict:
+    """Computed on this thread before any server decodes, so no two threads run MLX at once."""
+    return {(spec, kind): engine_reply(lm, spec, CHAT_PROMPT if kind == CHAT else TEXT_PROMPT, kind == TEXT)
+            for spec in ("none", "ngram:3") for kind in (CHAT, TEXT)}
+
+
+@pytest.fixture(scope="module")
+def ngram_server(lm, expected):
+    from mlxspec.serve import start_server
+
+    server = start_server(ServeOptions(draft="ngram:3", k=4, port=0), loaded=lm)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def cli_server():
+    """``mlxspec serve -d none --port 0`` as a user runs it; stopped with Ctrl-C (SIGINT)."""
+    proc = subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "serve", "-d", "none", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    url = re.search(r"on (http://127\.0\.0\.1:\d+/v1) ", line)
+    assert url, line + proc.stderr.read()
+    yield url.group(1), proc
+    if proc.poll() is None:
+        proc.kill()
+
+
+def client(url: str):
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+
+
+def chat(c, stream: bool, **kw):
+    return c.chat.completions.create(model="default", messages=[{"role": "user", "content": CHAT_PROMPT}],
+                                     max_tokens=N, temperature=0, stream=stream, **kw)
+
+
+def streamed(chunks, kind: str) -> tuple[str, list, list]:
+    """Text, the chunks' extension token lists and the chunks themselves."""
+    chunks = list(chunks)
+    text = "".join((c.choices[0].delta.content or "") if kind == CHAT else c.choices[0].text
+                   for c in chunks if c.choices)
+    tokens = [t for c in chunks for t in (c.model_extra.get("mlxspec") or {}).get("tokens", [])]
+    return text, tokens, chunks
+
+
+def check_speculation(got: dict, tally: Tally, drafter: str | None) -> None:
+    want = tally.speculation(drafter, 4)
+    assert {k: got[k] for k in ("drafter", "k", "steps", "drafted", "accepted", "acceptance", "tokens_per_step")} == \
+        {k: want[k] for k in ("drafter", "k", "steps", "drafted", "accepted", "acceptance", "tokens_per_step")}
+
+
+def check_server(url: str, expected: dict, spec: str) -> None:
+    """Streamed and whole chat and text completions: the engine's greedy text, usage and counts."""
+    drafter = None if spec == "none" else spec
+    c = client(url)
+    want = expected[(spec, CHAT)]
+    assert want["text"] == expected[("none", CHAT)]["text"]  # greedy speculation is target-only output
+
+    whole = chat(c, stream=False)
+    assert whole.choices[0].message.content == want["text"]
+    assert {k: getattr(whole.usage, k) for k in want["usage"]} == want["usage"]
+    check_speculation(whole.model_extra["speculation"], want["tally"], drafter)
+
+    text, tokens, chunks = streamed(chat(c, stream=True, extra_body={"mlxspec": {"token_status": True}}), CHAT)
+    assert text == want["text"]
+    assert "".join(t["text"] for t in tokens if t["status"] != "rejected") == want["text"]
+    statuses = {t["status"] for t in tokens}
+    # A drafter's steps are plain too when it proposes nothing (prompt lookup finds no match).
+    assert statuses == {"plain"} if drafter is None else "accepted" in statuses <= {s.value for s in Status}
+    last = chunks[-1]  # without stream_options.include_usage the finishing chunk carries the counts
+    assert last.choices[0].finish_reason in ("stop", "length")
+    assert {k: getattr(last.usage, k) for k in want["usage"]} == want["usage"]
+    check_speculation(last.model_extra["speculation"], want["tally"], drafter)
+
+    want = expected[(spec, TEXT)]
+    whole = c.completions.create(model="default", prompt=TEXT_PROMPT, max_tokens=N, temperature=0)
+    assert whole.choices[0].text == want["text"]
+    assert whole.usage.prompt_tokens == want["usage"]["prompt_tokens"]
+    check_speculation(whole.model_extra["speculation"], want["tally"], drafter)
+    text, _, chunks = streamed(c.completions.create(model="default", prompt=TEXT_PROMPT, max_tokens=N,
+                                                    temperature=0, stream=True,
+                                                    stream_options={"include_usage": True}), TEXT)
+    assert text == want["text"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want["usage"]["completion_tokens"]
+
+
+@pytest.mark.model
+@client_tests
+def test_ngram_server_matches_the_engine(ngram_server, expected):
+    check_server(ngram_server.url, expected, "ngram:3")
+    assert expected[("ngram:3", CHAT)]["tally"].accepted > 0  # the prompts exercise speculation
+
+
+@pytest.mark.model
+@client_tests
+def test_models_lists_the_served_model(ngram_server):
+    models = client(ngram_server.url).models.list().data
+    assert [m.id for m in models] == ["smollm2-135m-instruct"]
+
+
+def raw_post(url: str, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("POST", u.path + path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    out = resp.status, json.loads(resp.read())
+    conn.close()
+    return out
+
+
+@pytest.mark.model
+@client_tests
+def test_bad_requests_get_errors_and_the_server_keeps_answering(ngram_server):
+    url = ngram_server.url
+    c = client(url)
+    status, body = raw_post(url, "/chat/completions", b"{not json")
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="default", messages=[])
+    assert e.value.code == "missing_messages"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="default", prompt="word " * 9000, max_tokens=4)
+    assert e.value.code == "context_length_exceeded"
+    status, body = raw_post(url, "/completions", b"{}", {"Content-Length": str(64 << 20)})
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    status, body = raw_post(url, "/nowhere", b"{}")
+    assert status == 404 and body["error"]["code"] == "not_found"
+    reply = c.chat.completions.create(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Hi"}],
+                                      max_tokens=3, temperature=0)
+    assert reply.usage.completion_tokens <= 3 and reply.choices[0].message.content
+
+
+@pytest.mark.model
+@client_tests
+def test_a_client_leaving_mid_stream_stops_decoding_not_the_server(ngram_server, expected):
+    c = client(ngram_server.url)
+    before = ngram_server.decoder.cancelled
+    stream = c.completions.create(model="default", prompt="Once upon a time", max_tokens=2000, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    deadline = time.monotonic() + 20
+    while ngram_server.decoder.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ngram_server.decoder.cancelled == before + 1
+    # The next request decodes at once, and a stop string cuts the reply just before it.
+    ref = expected[("ngram:3", TEXT)]["text"]
+    stop = ref[len(ref) // 2: len(ref) // 2 + 3]
+    reply = c.completions.create(model="default", prompt=TEXT_PROMPT, max_tokens=N, temperature=0, stop=[stop])
+    assert reply.choices[0].finish_reason == "stop" and reply.choices[0].text == ref[: ref.find(stop)]
+
+
+@pytest.mark.model
+@client_tests
+def test_cli_server_target_only_then_ctrl_c(cli_server, expected):
+    url, proc = cli_server
+    assert [m.id for m in client(url).models.list().data] == ["smollm2-135m-instruct"]
+    check_server(url, expected, "none")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    assert "stopping" in proc.stderr.read()
