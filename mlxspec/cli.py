@@ -55,6 +55,22 @@ def _k_option(k: Optional[str], draft: str) -> int | str | None:
     return spec
 
 
+def _tree_option(tree: Optional[str], tree_nodes: Optional[int], k: Optional[str], draft: str):
+    """``--tree`` / ``--tree-nodes`` checked before anything loads: a ``TreeShape`` or None."""
+    from mlxspec.core.tree import parse_tree
+
+    if tree is None:
+        if tree_nodes is not None:
+            raise MlxspecError("--tree-nodes caps a --tree; give --tree DxB too")
+        return None
+    shape = parse_tree(tree, tree_nodes)
+    if draft in ("none", ""):
+        raise MlxspecError("--tree needs a drafter, but --draft is none (try --draft self:8)")
+    if k is not None:
+        raise MlxspecError("give --k or --tree, not both: a tree's depth is its K")
+    return shape
+
+
 def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], prompt_opt: Optional[str] = None) -> str:
     if prompt_opt is not None:  # mlx-lm's spelling, --prompt/-p
         if prompt is not None or prompt_file is not None:
@@ -84,6 +100,8 @@ KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False,
 SystemOpt = typer.Option(None, "--system-prompt", help="A system message before the user's (chat template).")
 KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft tokens per step (1..64).")
 RemeasureOpt = typer.Option(False, "--remeasure-cost", help="--k auto: measure this machine's verify-cost curve for the model again (cached in $MLXSPEC_HOME/costcurves).")
+TreeOpt = typer.Option(None, "--tree", show_default=False, help="Draft a token tree instead of a chain: DxB, depth D, each node's top-B children (e.g. 3x2), verified in one target pass (exact at any temperature).")
+TreeNodesOpt = typer.Option(None, "--tree-nodes", show_default=False, help="Cap the --tree at N nodes, breadth first (1..64; default: the whole tree).")
 DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
 
 
@@ -112,6 +130,8 @@ def generate(
     dtype: str = DtypeOpt,
     draft: str = DraftOpt,
     k: Optional[str] = KOpt,
+    tree: Optional[str] = TreeOpt,
+    tree_nodes: Optional[int] = TreeNodesOpt,
     remeasure_cost: bool = RemeasureOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per token (with its status), then a summary."),
 ) -> None:
@@ -130,14 +150,17 @@ def generate(
     params = SamplingParams(temp, top_p, top_k, min_p)
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    shape = _tree_option(tree, tree_nodes, k, draft)
     k = _k_option(k, draft)
     lm = loading.load(model, dtype)
     drafter = make_drafter(_named_draft(draft, model), lm, dtype)
+    if shape is not None and drafter is None:
+        raise MlxspecError(f"--tree needs a drafter, and the default for {lm.name} is none; pick one, e.g. --draft self:8")
     ids = encode_prompt(lm.tokenizer, with_system(text, system_prompt), raw=raw)
-    policy = k_policy(k, lm, drafter, remeasure_cost)
-    reply = _ReplyWriter(lm, drafter, "auto" if k is None else k, as_json)
+    policy = k_policy(k, lm, drafter, remeasure_cost) if shape is None else shape.depth
+    reply = _ReplyWriter(lm, drafter, "auto" if k is None else k, as_json, shape)
     eos = set(lm.tokenizer.eos_token_ids)
-    for ev in run(lm.model, ids, params, max_tokens, eos, lm.context_length, seed, drafter, policy):
+    for ev in run(lm.model, ids, params, max_tokens, eos, lm.context_length, seed, drafter, policy, tree=shape):
         reply.add(ev)
 
 
@@ -146,10 +169,11 @@ class _ReplyWriter:
     or with ``--json`` one object per token, per step and a summary, all on stdout. The summary
     is the ``Run`` the events make (``RunCollector``), as every command collects a run."""
 
-    def __init__(self, lm, drafter, k: int, as_json: bool):
+    def __init__(self, lm, drafter, k: int, as_json: bool, tree=None):
         from mlxspec.measure.runs import RunCollector
 
         self.lm, self.drafter, self.k, self.as_json = lm, drafter, k, as_json
+        self.tree = tree  # a TreeShape when drafting trees
         self.tok = lm.tokenizer
         self.detok = self.tok.detokenizer
         self.detok.reset()
@@ -186,7 +210,10 @@ class _ReplyWriter:
             elif t.status is not Status.REJECTED:
                 self.out.write(piece)
         if self.as_json and self.drafter is not None:
-            self.write({"step": {"k": ev.k, "accepted": ev.accepted, "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms}})
+            step = {"k": ev.k, "accepted": ev.accepted, "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms}
+            if ev.tree is not None:
+                step["tree"] = ev.tree.to_dict()
+            self.write({"step": step})
         self.out.flush()
 
     def summary(self, run) -> dict:
@@ -204,7 +231,8 @@ class _ReplyWriter:
             if tail:
                 self.write({"token": None, "text": tail, "status": "flush"})
             self.write({"summary": self.summary(run), "model": self.lm.name, "dtype": self.lm.dtype,
-                        "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0})
+                        "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0,
+                        **({"tree": str(self.tree), "tree_nodes": self.tree.nodes} if self.tree else {})})
             return
         self.out.write(tail + "\n")
         self.out.flush()
@@ -213,7 +241,8 @@ class _ReplyWriter:
         if self.drafter is not None and run.steps:
             tau = sum(run.accepted) / run.steps
             k = self.k if self.k != "auto" else f"auto (mean {sum(run.drafted) / run.steps:.1f} drafted)"
-            line += f"; {self.drafter.name} k={k}: {run.steps} steps, {tau:.2f} accepted per step"
+            shape = f"tree={self.tree} ({self.tree.nodes} nodes)" if self.tree else f"k={k}"
+            line += f"; {self.drafter.name} {shape}: {run.steps} steps, {tau:.2f} accepted per step"
         err.print(f"[dim]{line}[/]")
 
     def write(self, obj: dict) -> None:
@@ -586,6 +615,7 @@ def train_draft(
     if arch != "draft":
         raise MlxspecError(f"unknown --arch {arch!r}; choose draft or eagle")
     from mlxspec.targets.loading import load
+    from mlxspec.targets.mlxlm import require_native
     from mlxspec.training import train as tr
     from mlxspec.training.draft import DraftConfig, tokenizer_fingerprint
 
@@ -601,6 +631,7 @@ def train_draft(
         tr.checkpoint_stage(out)  # fails now, not after the data is built
     t0 = time.perf_counter()
     target = load(model, "float32")
+    require_native(target, "train-draft")
     dcfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=layers,
                                   hidden_size=hidden, head_vocab=head_vocab, init=init)
     data, data_path = _distill_data(target, data, prompts, max_new_tokens, head_vocab, seed)
@@ -619,6 +650,7 @@ def _train_eagle(out: Path, model: str, cfg, head_vocab: int, per_category: int,
     import time
 
     from mlxspec.targets.loading import load
+    from mlxspec.targets.mlxlm import require_native
     from mlxspec.training import eagle_train as et
     from mlxspec.training.eagle import new_head, save_head
     from mlxspec.training.train import peak_memory_gb
@@ -627,6 +659,7 @@ def _train_eagle(out: Path, model: str, cfg, head_vocab: int, per_category: int,
     _check_out_folder(out)
     t0 = time.perf_counter()
     target = load(model, "float32")
+    require_native(target, "train-draft --arch eagle")
     with _progress() as bar:
         task = bar.add_task("features", total=None)
         data = et.prepare_features(target, per_category, max_examples, cfg.seed, 128 if quick else 256,
@@ -783,19 +816,49 @@ def eval_draft(
 @app.command("export-draft")
 @friendly
 def export_draft(
-    draft: str = typer.Option("default", "--draft", "-d", help="Draft folder or registry draft name."),
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Draft folder or registry draft name."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write the standalone mlx-lm model to."),
     model: str = ModelOpt,
 ) -> None:
     """Write a trained draft as a standalone mlx-lm model folder (embeddings included), usable
     as `mlx_lm.generate --draft-model OUT`."""
     from mlxspec.targets.loading import load
+    from mlxspec.targets.mlxlm import require_native
     from mlxspec.training.draft import export_mlx_lm, resolve_draft
 
     _check_out_folder(out)
     target = load(model, "float32")
+    require_native(target, "export-draft")
     path = export_mlx_lm(resolve_draft(draft, target), target, out)
     err.print(f"wrote {path} (mlx-lm llama folder; try: mlx_lm.generate --model <target> --draft-model {path})")
+
+
+@app.command()
+@friendly
+def serve(
+    model: str = ModelOpt,
+    draft: str = DraftOpt,
+    k: Optional[str] = KOpt,
+    temp: float = typer.Option(0.0, "--temp", "-t", help="Default sampling temperature (a request's temperature wins)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Default nucleus sampling mass (a request's top_p wins)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="New tokens when a request gives no max_tokens."),
+    dtype: str = DtypeOpt,
+    remeasure_cost: bool = RemeasureOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", help="Port to listen on (0: any free port)."),
+) -> None:
+    """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
+    /v1/completions, streaming too) over the same engine and drafters as generate; requests are
+    decoded one at a time. Ctrl-C stops it."""
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.serve import ServeOptions, run_server
+
+    SamplingParams(temp, top_p)  # refuse bad defaults before the model loads
+    if max_tokens <= 0:
+        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    options = ServeOptions(model, _named_draft(draft, model), _k_option(k, draft), temp, top_p, max_tokens, dtype,
+                           remeasure_cost, host, port)
+    run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
 
 def main() -> None:

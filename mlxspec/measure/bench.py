@@ -9,7 +9,7 @@ The baseline benchmark: mlxspec's target-only decoder against mlx-lm's, and both
 memory-bandwidth floor.
 
 Both implementations run the same weights (``loading.to_mlx_lm`` copies ours into mlx-lm's
-llama class), the same chat-templated prompt ids, greedy, and exactly ``max_tokens`` tokens
+llama class; a target only mlx-lm implements is its own class already), the same chat-templated prompt ids, greedy, and exactly ``max_tokens`` tokens
 each (end-of-sequence ignored), timed the same way from outside the generator:
 
 * prefill = time from the call to the first token; prefill tokens/s = prompt tokens / prefill;
@@ -250,9 +250,9 @@ def _baseline_items(prompts: list[str] | None) -> list[dict[str, Any]]:
 
 def _baseline_runner(lm, max_tokens: int) -> Callable[[str, list[int]], Run]:
     """Runs one implementation on one prompt, exactly ``max_tokens`` tokens, timed from outside."""
-    from mlxspec.targets import loading
+    from mlxspec.targets.loading import as_mlx_lm
 
-    ref_model = loading.to_mlx_lm(lm.model)
+    ref_model = as_mlx_lm(lm.model)
     mx.eval(ref_model.parameters())
     ref_tok = _no_eos(lm.tokenizer)
 
@@ -524,7 +524,7 @@ def mlx_lm_peer(lm, draft: str, drafter) -> Peer:
     """mlx-lm's speculative decoding with the same pair, in mlx-lm's llama class sharing our arrays."""
     from mlxspec.core.drafters import ModelDrafter
     from mlxspec.core.drafters.eagle import EagleDrafter
-    from mlxspec.targets import loading
+    from mlxspec.targets.loading import as_mlx_lm
     from mlxspec.training.draft import DraftModel, as_llama
 
     if isinstance(drafter, EagleDrafter):
@@ -543,7 +543,7 @@ def mlx_lm_peer(lm, draft: str, drafter) -> Peer:
                 "(logit 0 instead of -inf outside its head)")
     else:
         desc = f"mlx-lm stream_generate with draft_model = {draft}"
-    ref_target, ref_draft = loading.to_mlx_lm(lm.model), loading.to_mlx_lm(src)
+    ref_target, ref_draft = as_mlx_lm(lm.model), as_mlx_lm(src)
     mx.eval(ref_target.parameters(), ref_draft.parameters())
     return Peer(ref_target, ref_draft, desc)
 

@@ -99,10 +99,11 @@ def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = REPS
     ``reps`` rounds over all sizes, the order rotating to spread drift. {n: [ms, ...]}."""
     import mlx.core as mx
 
-    from mlxspec.core.cache import rewind
+    from mlxspec.core.cache import check_trimmable, rewind
+    from mlxspec.core.engine import NOT_TRIMMABLE_HINT
     from mlxspec.core.prefill import prefill
 
-    cache = model.make_cache()
+    cache = check_trimmable(model.make_cache(), "the target", NOT_TRIMMABLE_HINT)
     mx.eval(prefill(model, cache, prompt))
     src = prompt if prompt else [0]
     toks = {n: mx.array([[src[i % len(src)] for i in range(n)]], mx.int32) for n in sizes}

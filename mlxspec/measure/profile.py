@@ -178,11 +178,13 @@ class _Stepper:
     docstring). Holds the target cache, the history and the last committed token ``y``."""
 
     def __init__(self, lm: Any, drafter: Any, prompt: list[int], params: Any, seed: int = 0):
+        from mlxspec.core.cache import check_trimmable
+        from mlxspec.core.engine import NOT_TRIMMABLE_HINT
         from mlxspec.core.prefill import prefill
 
         self.lm, self.drafter, self.params = lm, drafter, params
         self.model = lm.model
-        self.cache = self.model.make_cache()
+        self.cache = check_trimmable(self.model.make_cache(), "the target", NOT_TRIMMABLE_HINT)
         want = drafter.wants_hidden
         out = prefill(self.model, self.cache, prompt[:-1], return_hidden=want)
         hidden = out[1] if want else None

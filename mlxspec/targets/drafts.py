@@ -7,9 +7,11 @@ import mlx.core as mx
 
 from mlxspec.core.drafters import Drafter, ModelDrafter, NgramDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter
+from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
 from mlxspec.targets.loading import check_compatible, load
+from mlxspec.targets.mlxlm import needs_family, require_native
 from mlxspec.training.draft import find_draft, load_draft
 from mlxspec.training.eagle import find_head, load_head
 
@@ -20,6 +22,12 @@ def draft_float_dtype(target) -> mx.Dtype:
 
 
 DEFAULT_FALLBACK = "ngram:3"  # for targets the registry ships no draft for
+
+
+def _require(target, able: bool, feature: str) -> None:
+    """Refuse a drafter the target cannot serve (one run through mlx-lm's own class)."""
+    if not able:
+        raise needs_family(getattr(target.config, "model_type", target.name), feature)
 
 
 def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
@@ -35,7 +43,10 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
         if not n.isdigit():
             raise MlxspecError(f"bad drafter {spec!r}: expected ngram:N with N an integer")
         return NgramDrafter(int(n))
+    # Targets that declare nothing (test doubles around our llama) can do everything.
+    caps = getattr(getattr(target, "model", None), "capabilities", Capabilities(True, True, True))
     if spec.startswith("self:"):
+        _require(target, caps.partial_layers, f"the drafter {spec!r} (the target's own first layers)")
         layers = spec.partition(":")[2]
         total = target.config.num_layers
         if not layers.isdigit() or not 1 <= int(layers) < total:
@@ -43,9 +54,11 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
         return ModelDrafter(target.model, spec, num_layers=int(layers))
     folder = find_draft(spec)
     if folder is not None:
+        require_native(target, f"the trained draft {spec!r} (it shares the target's embedding table)")
         return ModelDrafter(load_draft(folder, target, draft_float_dtype(target)), spec)
     head = find_head(spec)
     if head is not None:
+        _require(target, caps.hidden_states, f"the eagle head {spec!r} (it reads the target's hidden states)")
         return EagleDrafter(load_head(head, target, draft_float_dtype(target)), spec)
     draft = load(spec, dtype)
     check_compatible(target.tokenizer, draft.tokenizer)
