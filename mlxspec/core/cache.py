@@ -35,6 +35,31 @@ def rewind(cache: Sequence[Any], n: int) -> None:
             c.trim(n)
 
 
+def keep_rows(cache: Sequence[Any], start: int, rows: Sequence[int]) -> None:
+    """After a pass over a draft tree, keep of every layer's cache its first ``start`` positions
+    followed by positions ``start + r`` for r in ``rows`` (an accepted path: increasing), in
+    that order, and forget the rest. Lazy. A chain's accepted prefix is already in place, so
+    it only trims, as ``rewind`` does."""
+    n = len(rows)
+    if list(rows) != list(range(n)):
+        idx = mx.array([start + r for r in rows], dtype=mx.int32)
+        for c in cache:
+            if getattr(c, "keys", None) is None:
+                raise MlxspecError(f"cannot compact a {type(c).__name__} after a tree pass (it keeps no key rows)")
+            c.keys, c.values = _gathered(c.keys, idx, start), _gathered(c.values, idx, start)
+    for c in cache:
+        c.trim(c.offset - start - n)
+
+
+def _gathered(rows: Any, idx: mx.array, start: int) -> Any:
+    """Rows ``idx`` of a (..., positions, D) buffer moved to ``start``, ``start + 1``, ... (a
+    quantized cache holds a tuple of such buffers)."""
+    if isinstance(rows, tuple):
+        return tuple(_gathered(r, idx, start) for r in rows)
+    rows[..., start : start + idx.size, :] = mx.take(rows, idx, axis=-2)
+    return rows
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -65,6 +90,8 @@ class PromptCache:
         n = common_prefix(held, head)
         if cache is None or n == 0 or (want_hidden and self.hidden is None):
             return None, 0
+        if n < len(held) and not all(c.is_trimmable() for c in cache):
+            return None, 0  # recurrent state cannot be cut back to the shared prefix: start afresh
         rewind(cache, len(held) - n)
         return cache, n
 

@@ -11,13 +11,15 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from mlxspec.core.cache import PromptCache, check_trimmable, rewind
-from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal
-from mlxspec.core.events import Done, Event, Status, Step, Token
+from mlxspec.core.cache import PromptCache, check_trimmable, keep_rows
+from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal, can_branch
+from mlxspec.core.events import Done, Event, Status, Step, Token, Tree
 from mlxspec.core.prefill import prefill
 from mlxspec.core.sampling import SamplingParams, probs, sample
 from mlxspec.core.target import Target
-from mlxspec.core.verify import greedy_verify, pad_vocab, rejection_verify
+from mlxspec.core.tree import TreeShape, first_line, path_to, verify_mask, verify_positions
+from mlxspec.core.verify import (greedy_verify, pad_vocab, rejection_verify, tree_greedy_verify,
+                                 tree_sample_verify)
 from mlxspec.errors import MlxspecError
 
 # A recurrent target (Mamba-style state) still decodes, one token at a time.
@@ -99,8 +101,8 @@ def _start(model: Target, drafter: Drafter, prompt: list[int],
     tokens if it reads them). Returns the cache and those hidden states."""
     head, want = prompt[:-1], drafter.wants_hidden
     cache, n = kept.take(head, want) if kept else (None, 0)
-    if cache is None:
-        cache = check_trimmable(model.make_cache(), "the target", NOT_TRIMMABLE_HINT)
+    # A kept cache may come from target-only decoding of a model whose state cannot roll back.
+    cache = check_trimmable(model.make_cache() if cache is None else cache, "the target", NOT_TRIMMABLE_HINT)
     hidden = kept.hidden[:n] if n and want else None
     if len(head) > n:
         out = prefill(model, cache, head[n:], return_hidden=want)
@@ -127,22 +129,65 @@ def _verify(model: Target, cache: list, y: int, proposal: Proposal, params: Samp
     return n_acc, nxt, hidden
 
 
-def _step_tokens(drafted: list[int], n: int, y: int, stop_ids: set[int], budget: int) -> tuple[list[Token], bool]:
+def _verify_tree(model: Target, cache: list, offset: int, y: int, proposal: Proposal, params: SamplingParams,
+                 key: mx.array, want_hidden: bool) -> tuple[mx.array, mx.array, mx.array | None]:
+    """One target pass over [y, tree nodes], ``offset`` committed tokens cached before y: the
+    last accepted node (-1: none), the next token and the hidden states of the pass (lazy).
+    Each node sees the context and its ancestors only, at the position its depth gives it."""
+    parents = proposal.parents
+    mask, positions = verify_mask(parents, offset), verify_positions(parents, offset)
+    out = model(mx.concatenate([mx.array([y], mx.int32), proposal.tokens])[None], cache,
+                mask=mx.array(mask), positions=mx.array(positions),
+                **({"return_hidden": True} if want_hidden else {}))
+    logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
+    if params.greedy:
+        last, nxt = tree_greedy_verify(proposal.tokens, parents, logits)
+    else:
+        last, nxt = tree_sample_verify(proposal.tokens, parents, probs(logits, params), key)
+    return last, nxt, hidden
+
+
+def _check_tree(model: Target, drafter: Drafter, shape: TreeShape, prompt: list[int], context: int) -> None:
+    """Refuse, before any work, a tree the target cannot verify, the drafter cannot draft, or
+    the context cannot hold."""
+    caps = getattr(model, "capabilities", None)
+    if caps is not None and not caps.tree_masks:
+        raise MlxspecError("this target cannot verify a draft tree (it takes no tree attention mask: it runs "
+                           "through mlx-lm's own class); speculate with a chain (--k) instead of --tree")
+    if not can_branch(drafter):
+        raise MlxspecError(f"drafter {drafter.name!r} cannot branch: --tree needs a draft model, self:L, "
+                           "an eagle head or ngram:N")
+    if len(prompt) + shape.nodes >= context:
+        raise MlxspecError(f"a {shape} tree of {shape.nodes} nodes does not fit in the model's context of {context} "
+                           f"after the {len(prompt)}-token prompt; use a smaller --tree or --tree-nodes")
+
+
+def _rows_of(hidden: mx.array | None, path: list[int]) -> mx.array | None:
+    """The hidden states of y and the accepted nodes, out of a pass over [y, drafts]."""
+    if hidden is None:
+        return None
+    if path == list(range(len(path))):
+        return hidden[: len(path) + 1]
+    return hidden[mx.array([0] + [1 + i for i in path])]
+
+
+def _step_tokens(kept: list[int], refused: list[int], y: int, stop_ids: set[int], budget: int) -> tuple[list[Token], bool]:
     """The tokens a step shows, with their status: accepted drafts, the refused ones struck
     through just before the target's own token, cut at a stop token or after ``budget`` emitted
     tokens. Also whether a stop token ended it."""
-    last = Status.PLAIN if not drafted else Status.CORRECTED if n < len(drafted) else Status.BONUS
+    n = len(kept)
+    last = Status.PLAIN if not kept and not refused else Status.CORRECTED if refused else Status.BONUS
     tokens: list[Token] = []
     stop = False
-    for tok, st in zip(drafted[:n] + [y], [Status.ACCEPTED] * n + [last]):
+    for tok, st in zip(kept + [y], [Status.ACCEPTED] * n + [last]):
         if tok in stop_ids:
             stop = True
             break
         tokens.append(Token(tok, st))
         if len(tokens) == budget:
             break
-    if n < len(drafted) and len(tokens) > n:
-        tokens[n:n] = [Token(d, Status.REJECTED) for d in drafted[n:]]
+    if refused and len(tokens) > n:
+        tokens[n:n] = [Token(d, Status.REJECTED) for d in refused]
     return tokens, stop
 
 
@@ -157,19 +202,24 @@ def generate(
     drafter: Drafter | None = None,
     k: int | KPolicy = 4,
     kept: PromptCache | None = None,
+    tree: TreeShape | None = None,
 ) -> Iterator[Event]:
     """Speculative decoding with ``drafter`` (target-only decoding without one), drafting ``k``
-    tokens a step, or as many as a ``KPolicy`` asks for each step.
+    tokens a step, or as many as a ``KPolicy`` asks for each step, or a ``tree`` of that shape.
 
     Invariant: the target cache holds every committed token but the last, ``y``. A step feeds
     [y, d_1..d_m] in one pass; row i of its logits judges d_{i+1} and row m gives the bonus.
-    ``kept``: a cache from an earlier call (a chat's last turn) to reuse, and to leave this
-    call's cache in, with the hidden states of its tokens when the drafter reads them.
+    A tree's nodes go in the same pass, each seeing only its ancestors, and afterwards the
+    cache keeps just the accepted path's rows. ``kept``: a cache from an earlier call (a
+    chat's last turn) to reuse, and to leave this call's cache in, with the hidden states of
+    its tokens when the drafter reads them.
     """
     if drafter is None:
         yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept)
         return
     limit, reason = _token_budget(prompt, max_tokens, context)
+    if tree is not None:
+        _check_tree(model, drafter, tree, prompt, context)
     policy = FixedK(k) if isinstance(k, int) else k
     t0 = time.perf_counter()
     cache, prompt_hidden = _start(model, drafter, prompt, kept)
@@ -184,35 +234,48 @@ def generate(
         while emitted < limit:
             key, draft_key, verify_key = mx.random.split(key, 3)
             # Never draft past what may still be emitted: the verify pass adds one token itself.
-            room = max(0, min(policy.next_k(), limit - emitted - 1))
+            room = max(0, min(tree.depth if tree else policy.next_k(), limit - emitted - 1))
 
             t_step = time.perf_counter()
-            proposal = drafter.propose(history, room, params, draft_key)
-            if not proposal.is_chain:
-                raise MlxspecError(f"drafter {drafter.name!r} proposed a tree; this engine verifies chains")
+            if tree is None:
+                proposal = drafter.propose(history, room, params, draft_key)
+            else:
+                proposal = drafter.propose_tree(history, tree.cut(room), params, draft_key)
             mx.eval(proposal.tokens, proposal.q)  # a sync of its own only so draft and verify time are reported apart
             t_drafted = time.perf_counter()
 
-            n_acc, nxt, hidden = _verify(model, cache, y, proposal, params, verify_key, drafter.wants_hidden)
-            mx.eval(n_acc, nxt)
+            if proposal.is_chain:
+                n_acc, nxt, hidden = _verify(model, cache, y, proposal, params, verify_key, drafter.wants_hidden)
+                mx.eval(n_acc, nxt)
+                path = list(range(n_acc.item()))
+            else:
+                last, nxt, hidden = _verify_tree(model, cache, len(history) - 1, y, proposal, params, verify_key,
+                                                 drafter.wants_hidden)
+                mx.eval(last, nxt)
+                path = path_to(proposal.parents, last.item())
             t_verified = time.perf_counter()
 
-            drafted, n, y = proposal.tokens.tolist(), n_acc.item(), nxt.item()
-            rewind(cache, len(drafted) - n)
+            drafted, n, y = proposal.tokens.tolist(), len(path), nxt.item()
+            keep_rows(cache, len(history), path)  # y stays; of the drafts, the accepted path
             policy.observe(len(drafted), n)
             policy.observe_timing((t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3, len(drafted))
-            drafter.commit(Commit(drafted, n, y, None if hidden is None else hidden[: n + 1]))
+            kept_hidden = _rows_of(hidden, path)
+            drafter.commit(Commit(drafted, n, y, kept_hidden, None if proposal.is_chain else tuple(path)))
             if held_hidden is not None:
-                held_hidden.append(hidden[: n + 1])
-            history += drafted[:n] + [y]
+                held_hidden.append(kept_hidden)
+            history += [drafted[i] for i in path] + [y]
             accepted_lengths.append(n)
 
-            tokens, stop = _step_tokens(drafted, n, y, stop_ids, limit - emitted)
+            # Shown struck through: what the drafter would have continued with below the path.
+            refused = first_line(proposal.tree_parents, path[-1] if path else -1)
+            tokens, stop = _step_tokens([drafted[i] for i in path], [drafted[i] for i in refused], y, stop_ids,
+                                        limit - emitted)
             emitted += sum(t.emitted for t in tokens)
             if t_first is None:
                 t_first = t_verified
-            yield Step(tokens, k=len(drafted), accepted=n,
-                       draft_ms=(t_drafted - t_step) * 1e3, verify_ms=(t_verified - t_drafted) * 1e3, room=room)
+            shown = None if proposal.parents is None else Tree(tuple(drafted), proposal.parents, tuple(path))
+            yield Step(tokens, k=len(drafted), accepted=n, draft_ms=(t_drafted - t_step) * 1e3,
+                       verify_ms=(t_verified - t_drafted) * 1e3, room=room, tree=shown)
             if stop:
                 reason = "eos"
                 break

@@ -25,12 +25,29 @@ class Token:
 
 
 @dataclass(frozen=True)
+class Tree:
+    """The draft tree a step verified: node i is ``tokens[i]`` below node ``parents[i]`` (-1:
+    below the last committed token), and ``path`` the nodes the target accepted, root first."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    path: tuple[int, ...]
+
+    def to_dict(self) -> dict:
+        return {"tokens": list(self.tokens), "parents": list(self.parents), "path": list(self.path)}
+
+
+@dataclass(frozen=True)
 class Step:
     """One decoding step: K drafted, ``accepted`` of them kept, then one target token.
     Target-only decoding is a step with k=0 and one plain token.
 
     ``room`` is how many drafts the engine allowed this step (K, less near the token limit); a
-    drafter may propose fewer. Acceptance by position counts only steps with room for it."""
+    drafter may propose fewer. Acceptance by position counts only steps with room for it.
+
+    ``tree``: the tree a tree-drafting step verified (``k`` is then its node count, ``room``
+    the depth allowed, ``accepted`` the accepted path's length, and ``tokens`` show that path,
+    then the drafter's own first line below it as rejected); None for chains."""
 
     tokens: list[Token]
     k: int
@@ -38,6 +55,7 @@ class Step:
     draft_ms: float
     verify_ms: float
     room: int = 0
+    tree: Tree | None = None
 
     @property
     def emitted(self) -> list[int]:

@@ -332,7 +332,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(B, L, cfg.num_kv_heads, -1).transpose(0, 2, 1, 3)
-        offset = 0 if cache is None else cache.offset
+        # with explicit positions the cache's offset is not read (training's stand-in caches have none)
+        offset = 0 if cache is None or positions is not None else cache.offset
         q, k = self.rope(q, offset, positions), self.rope(k, offset, positions)
         if cache is not None:  # None: a whole sequence at once (training), nothing kept
             k, v = cache.update_and_fetch(k, v)

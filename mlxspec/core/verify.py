@@ -7,6 +7,8 @@ A verifier decides how many draft tokens to keep and which token to emit after t
 * ``greedy_verify``: keep the longest prefix that matches the target's argmax.
 * ``rejection_verify``: Leviathan et al. / Chen et al. speculative sampling, whose output is
   distributed exactly as sampling from the target alone.
+* ``tree_verify`` (``tree_greedy_verify``, ``tree_sample_verify``): a draft tree, verified in
+  one pass, walked along the target's own choice at each node (argmax, or a sample of p).
 
 Both are lazy: they only build mlx graphs (no ``.item()``, no ``mx.eval``), so the engine can
 evaluate a whole step at once. The numpy helpers at the bottom are the exact reference the tests
@@ -15,8 +17,12 @@ and the docs use.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 import numpy as np
+
+from mlxspec.core.tree import ancestry
 
 # Below this total the residual max(0, p - q) is rounding noise, not a distribution.
 _MIN_RESIDUAL_MASS = 1e-12
@@ -85,6 +91,49 @@ def rejection_verify(
     return n_accepted, next_token
 
 
+def tree_verify(tokens: mx.array, parents: Sequence[int], choices: mx.array) -> tuple[mx.array, mx.array]:
+    """Walk a draft tree along the target's own choices.
+
+    tokens: int (m,) the tree's nodes, ``parents`` as in ``Proposal``. choices: int (m + 1,),
+    the target's token at the root (row 0) and after each node (row 1 + i). From the root,
+    follow the first child whose token is the target's choice there, until a node has none.
+
+    Returns (last, next_token), int32 scalars: the last node of the accepted path (-1 when
+    no draft is kept; the path is ``tree.path_to(parents, last)``) and the target's choice
+    after it. Every emitted token is the target's choice at its own node, so with choices drawn
+    from the target's p the output is distributed as the target's (the rule for deterministic
+    children, e.g. top-B); with argmax choices it is the longest path the target agrees with
+    (siblings are distinct in every tree our drafters make). Lazy, like the chain rules.
+    """
+    m = len(parents)
+    if m == 0:
+        return mx.array(-1, mx.int32), choices[0].astype(mx.int32)
+    tokens, choices = tokens.astype(mx.int32), choices.astype(mx.int32)
+    par = np.asarray(parents)
+    matches = tokens == mx.take(choices, mx.array(par + 1))
+    # Only the first of equal siblings may be followed: the walk must not look ahead.
+    earlier_sibling = mx.array((par[:, None] == par[None, :]) & np.tri(m, k=-1, dtype=bool))
+    duplicate = ((tokens[:, None] == tokens[None, :]) & earlier_sibling).any(axis=1)
+    followed = matches & ~duplicate
+    # On the path: the node and all its ancestors followed. Those nodes form one chain from
+    # the root, and children come after parents, so its last node has the largest index.
+    on_path = ~(mx.array(ancestry(parents)) & ~followed[None, :]).any(axis=1)
+    last = mx.max(mx.where(on_path, mx.arange(m), -1)).astype(mx.int32)
+    return last, mx.take(choices, last + 1)
+
+
+def tree_greedy_verify(tokens: mx.array, parents: Sequence[int], target_logits: mx.array) -> tuple[mx.array, mx.array]:
+    """``tree_verify`` along the target's argmax: target_logits (m + 1, V) rows of [y, nodes]."""
+    return tree_verify(tokens, parents, mx.argmax(target_logits, axis=-1))
+
+
+def tree_sample_verify(tokens: mx.array, parents: Sequence[int], p: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+    """``tree_verify`` along one sample of the target's p (m + 1, V) at every node (rows
+    independent). Exact for children the drafter chose deterministically (q is not needed):
+    at each node the next token is a draw from p there, whichever children exist."""
+    return tree_verify(tokens, parents, mx.random.categorical(mx.log(p.astype(mx.float32)), key=key))
+
+
 def rejection_output_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Exact float64 distribution of the token emitted at one position by speculative sampling.
 
@@ -100,6 +149,30 @@ def rejection_output_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     # Mirror rejection_verify: an empty residual falls back to p (then reject_prob is 0 anyway).
     rejected = residual / mass if mass > 0 else p
     return kept + reject_prob * rejected
+
+
+def tree_output_distribution(tokens: Sequence[int], parents: Sequence[int], p: np.ndarray) -> dict[tuple[int, ...], float]:
+    """Exact float64 distribution of what one ``tree_verify`` step emits (the accepted path's
+    tokens, then the target's token after it) when every row's choice is drawn from p
+    (m + 1, V). Theory says each sequence gets the product of p along it: the target's own
+    probability of emitting it."""
+    p = np.asarray(p, dtype=np.float64)
+    kids: dict[int, dict[int, int]] = {}
+    for i, (tok, par) in enumerate(zip(tokens, parents)):
+        kids.setdefault(par, {}).setdefault(int(tok), i)  # the first of equal siblings
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(node: int, emitted: tuple[int, ...], weight: float) -> None:
+        for v in np.flatnonzero(p[node + 1] > 0):
+            w = weight * p[node + 1, v]
+            child = kids.get(node, {}).get(int(v))
+            if child is None:
+                out[emitted + (int(v),)] = out.get(emitted + (int(v),), 0.0) + w
+            else:
+                walk(child, emitted + (int(v),), w)
+
+    walk(-1, (), 1.0)
+    return out
 
 
 def expected_accept_rate(

@@ -128,22 +128,24 @@ class DraftModel(nn.Module):
 
         return [KVCache() for _ in self.layers]
 
-    def reduced_logits(self, tokens: mx.array, cache: list | None = None, mask: Any = None) -> mx.array:
-        """(B, L) tokens -> (B, L, head_vocab) logits over ``vocab_ids``."""
+    def reduced_logits(self, tokens: mx.array, cache: list | None = None, mask: Any = None,
+                       positions: mx.array | None = None) -> mx.array:
+        """(B, L) tokens -> (B, L, head_vocab) logits over ``vocab_ids``; ``mask`` and
+        ``positions`` as in our llama module (tree drafting)."""
         if mask is None and tokens.shape[1] > 1:
             mask = "causal"
         h = mx.stop_gradient(self._embed.value(tokens))
         if "embed_proj" in self:
             h = self.embed_proj(h)
         for i, layer in enumerate(self.layers):
-            h = layer(h, mask, None if cache is None else cache[i], None)
+            h = layer(h, mask, None if cache is None else cache[i], positions)
         return self.lm_head(self.norm(h))
 
     def __call__(self, tokens: mx.array, cache: list | None = None, mask: Any = None,
                  positions: mx.array | None = None, num_layers: int | None = None) -> mx.array:
-        if positions is not None or num_layers is not None:
-            raise MlxspecError("the trained draft runs all its layers at cache positions")
-        z = self.reduced_logits(tokens, cache, mask)
+        if num_layers is not None:
+            raise MlxspecError("the trained draft runs all its layers")
+        z = self.reduced_logits(tokens, cache, mask, positions)
         full = mx.full((*z.shape[:-1], self.cfg.target_vocab), -mx.inf, dtype=z.dtype)
         full[..., self.vocab_ids] = z
         return full

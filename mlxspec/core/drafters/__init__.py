@@ -5,8 +5,10 @@
 * ``ngram``: prompt lookup, no weights; deterministic, so its q is a point mass.
 """
 
-from mlxspec.core.drafters.base import MAX_K, NO_DRAFT, Commit, Drafter, FixedK, KPolicy, Proposal, parse_k
+from mlxspec.core.drafters.base import (
+    MAX_K, NO_DRAFT, Commit, Drafter, FixedK, KPolicy, Proposal, TreeDrafter, can_branch, parse_k)
 from mlxspec.core.drafters.model import ModelDrafter
 from mlxspec.core.drafters.ngram import NgramDrafter
 
-__all__ = ["MAX_K", "NO_DRAFT", "Commit", "Drafter", "FixedK", "KPolicy", "ModelDrafter", "NgramDrafter", "Proposal", "parse_k"]
+__all__ = ["MAX_K", "NO_DRAFT", "Commit", "Drafter", "FixedK", "KPolicy", "ModelDrafter", "NgramDrafter", "Proposal",
+           "TreeDrafter", "can_branch", "parse_k"]

@@ -9,6 +9,7 @@ from typing import Protocol
 import mlx.core as mx
 
 from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.tree import TreeShape
 from mlxspec.errors import MlxspecError
 
 MAX_K = 64
@@ -20,8 +21,11 @@ class Proposal:
 
     ``tokens``: (m,) int32, may be lazy. ``parents[i]``: the index in ``tokens`` of token i's
     parent, -1 for a child of the last committed token; None is a chain (token i follows i-1),
-    the degenerate tree. ``q``: (m, V), the distribution each token was sampled from, or None
-    for a deterministic drafter (a point mass on each token)."""
+    the degenerate tree. Parents come before their children. ``q``: (m, V), the distribution
+    each token was sampled from, or None for a deterministic drafter (a point mass on each
+    token). A tree is verified without q (``verify.tree_verify``, exact for any tree drawn
+    independently of the target's choices); our drafters pick its children deterministically,
+    top-B, and leave q None."""
 
     tokens: mx.array
     q: mx.array | None = None
@@ -30,6 +34,11 @@ class Proposal:
     @property
     def is_chain(self) -> bool:
         return self.parents is None or all(p == i - 1 for i, p in enumerate(self.parents))
+
+    @property
+    def tree_parents(self) -> tuple[int, ...]:
+        """``parents``, spelled out for a chain too."""
+        return self.parents if self.parents is not None else tuple(range(-1, self.tokens.size - 1))
 
 
 # Built from data, not from an op: a lazy module-level array would be bound to the importing
@@ -42,12 +51,22 @@ class Commit:
     """What the target decided about a proposal: it kept ``drafted[:accepted]``, then emitted
     ``next_token``. ``hidden``: the target's final hidden states (accepted + 1, D) of the tokens
     the verify pass consumed and kept (the previous last token, then the accepted drafts), for
-    drafters that read them (``wants_hidden``); None otherwise."""
+    drafters that read them (``wants_hidden``); None otherwise.
+
+    ``path``: for a tree, the proposal indices of the accepted nodes, root first (``accepted``
+    of them; ``drafted`` is then every node); None for a chain, whose path is its first
+    ``accepted`` tokens."""
 
     drafted: list[int]
     accepted: int
     next_token: int
     hidden: mx.array | None = None
+    path: tuple[int, ...] | None = None
+
+    @property
+    def accepted_nodes(self) -> list[int]:
+        """The indices of the accepted drafts, in order."""
+        return list(range(self.accepted)) if self.path is None else list(self.path)
 
 
 class Drafter(Protocol):
@@ -63,6 +82,38 @@ class Drafter(Protocol):
 
     def commit(self, commit: Commit) -> None:
         """Roll back to what the target kept."""
+
+
+class TreeDrafter(Drafter, Protocol):
+    """A drafter that can branch (``--tree``)."""
+
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array) -> Proposal:
+        """A tree of ``shape`` (or smaller) after ``history``, nodes breadth first, children
+        the drafter chose deterministically (q None): the target walks it along its own
+        choices (``verify.tree_verify``)."""
+
+
+def can_branch(drafter: Drafter) -> bool:
+    return callable(getattr(drafter, "propose_tree", None))
+
+
+def top_children(logits: mx.array, branch: int) -> mx.array:
+    """(n, V) logits -> (n, branch) the most likely tokens of each row, best first, distinct."""
+    top = mx.argpartition(-logits, kth=branch - 1, axis=-1)[:, :branch]
+    order = mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1)
+    return mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
+
+
+def child_picks(parents: tuple[int, ...], level: range, previous: range | None) -> tuple[mx.array, mx.array]:
+    """For the nodes of a breadth-first ``level``: the row of its parent among the
+    ``previous`` level's nodes (0 for the root) and its rank among its siblings, to index
+    ``top_children`` of the previous level's logits."""
+    rows, ranks = [], []
+    for i in level:
+        p = parents[i]
+        rows.append(0 if previous is None else p - previous.start)
+        ranks.append(i - parents.index(p))  # siblings are consecutive, best first
+    return mx.array(rows), mx.array(ranks)
 
 
 class KPolicy(Protocol):

@@ -22,9 +22,10 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from mlxspec.core.cache import check_trimmable, rewind
-from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal
+from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal, child_picks, top_children
 from mlxspec.core.model import Block, LlamaConfig, Unowned
 from mlxspec.core.sampling import SamplingParams, probs, sample
+from mlxspec.core.tree import TreeShape, levels, node_mask
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class EagleDrafter:
         self.cache: list = []
         self.pending_features: list[mx.array] = []  # (n, D) blocks, real target features
         self.pending_tokens: list[int] = []
+        self.fed = 0  # slots the last proposal ran on predicted features
 
     def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         self.cache = check_trimmable(self.head.make_cache(), f"draft {self.name!r}")
@@ -130,12 +132,19 @@ class EagleDrafter:
         logits = self.head.full_logits(z)
         return sample(logits, params, key), probs(logits, params)
 
-    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
-        if k == 0 or not self.pending_tokens:
-            return NO_DRAFT
+    def _run_pending(self) -> tuple[mx.array, mx.array]:
+        """Run the slots of real target features not run yet: the head's guess of the first draft."""
         feats = mx.concatenate(self.pending_features) if len(self.pending_features) > 1 else self.pending_features[0]
         pred, z = self._run(feats, mx.array(self.pending_tokens, mx.int32))
         self.pending_features, self.pending_tokens = [], []
+        return pred, z
+
+    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
+        self.fed = 0
+        if k == 0 or not self.pending_tokens:
+            return NO_DRAFT
+        pred, z = self._run_pending()
+        self.fed = k - 1
         tokens, dists = [], []
         for i, sub in enumerate(mx.random.split(key, k)):
             tok, q = self._pick(z, params, sub)
@@ -146,12 +155,36 @@ class EagleDrafter:
                 pred, z = self._run(pred, tok)
         return Proposal(mx.stack(tokens).astype(mx.int32), mx.stack(dists) if dists else None)
 
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array) -> Proposal:
+        """Each node's top-``shape.branch`` children by the head's logits, one head pass per
+        level: a node's slot pairs its parent's predicted feature with its own token."""
+        self.fed = 0
+        parents = shape.parents()
+        if not parents or not self.pending_tokens:
+            return NO_DRAFT
+        pred, z = self._run_pending()
+        z = z[None]  # the root's row: pred (1, D), z (1, head_vocab)
+        base = self.cache[0].offset
+        tokens, previous = [], None
+        by_level = levels(parents)
+        for depth, level in enumerate(by_level, start=1):
+            rows, ranks = child_picks(parents, level, previous)
+            tokens.append(self.head.vocab_ids[top_children(z, shape.branch)[rows, ranks]])
+            if depth < len(by_level):
+                mask = mx.array(node_mask(parents, base, level.start, level.stop))
+                positions = mx.full((len(level),), base + depth - 1, mx.int32)
+                out, zs = self.head(pred[rows][None], tokens[-1][None], self.cache, mask, positions)
+                pred, z = out[0], zs[0]
+            previous = level
+        self.fed = by_level[-1].start
+        return Proposal(mx.concatenate(tokens).astype(mx.int32), None, parents)
+
     def commit(self, commit: Commit) -> None:
-        drafted, n = commit.drafted, commit.accepted
         if commit.hidden is None:
             raise ValueError("the eagle drafter needs the target's hidden states in every commit")
-        # Slots run on predicted features (one per draft but the last) are dropped; the kept
-        # ones are re-run with the target's real features on the next propose, in one call.
-        rewind(self.cache, max(len(drafted) - 1, 0))
+        # Slots run on predicted features (every fed draft) are dropped; the kept ones are
+        # re-run with the target's real features on the next propose, in one call.
+        rewind(self.cache, self.fed)
+        self.fed = 0
         self.pending_features.append(commit.hidden.astype(self._dtype()))
-        self.pending_tokens += drafted[:n] + [commit.next_token]
+        self.pending_tokens += [commit.drafted[i] for i in commit.accepted_nodes] + [commit.next_token]

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxspec.core.cache import check_trimmable, rewind
-from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal
+from mlxspec.core.cache import check_trimmable, keep_rows
+from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal, child_picks, top_children
 from mlxspec.core.model import Llama
 from mlxspec.core.prefill import prefill
 from mlxspec.core.sampling import SamplingParams, probs, sample
+from mlxspec.core.tree import TreeShape, levels, node_mask
 
 
 class ModelDrafter:
     """A draft model with its own trimmable KV cache.
 
     Invariant: the cache holds every committed token except ``pending`` (one token, or two
-    after a fully accepted draft, whose last token was never fed)."""
+    after a fully accepted draft, whose last token was never fed). Proposing feeds
+    ``pending`` and then ``fed`` drafts (all but the last of a chain, all but the last level
+    of a tree); the commit keeps those of them the target accepted."""
 
     wants_hidden = False
 
@@ -23,6 +26,7 @@ class ModelDrafter:
         self.model, self.name, self.num_layers = model, name, num_layers
         self.cache: list = []
         self.pending: list[int] = []
+        self.fed = 0
 
     def _forward(self, tokens: mx.array) -> mx.array:
         return self.model(tokens.reshape(1, -1), self.cache, num_layers=self.num_layers)[0, -1]
@@ -45,14 +49,38 @@ class ModelDrafter:
             tokens.append(sample(logits, params, sub))
             if i < k - 1:
                 logits = self._forward(tokens[-1])
+        self.fed = k - 1
         return Proposal(mx.stack(tokens), mx.stack(dists) if dists else None)
 
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array) -> Proposal:
+        """Each node's top-``shape.branch`` children by the draft's logits, one forward pass
+        per level (a level's nodes see the committed tokens and their own ancestors)."""
+        parents = shape.parents()
+        if not parents:
+            return NO_DRAFT
+        logits = self._forward(mx.array(self.pending))[None]
+        base = self.cache[0].offset  # where the first level goes
+        tokens, previous = [], None
+        by_level = levels(parents)
+        for depth, level in enumerate(by_level, start=1):
+            rows, ranks = child_picks(parents, level, previous)
+            tokens.append(top_children(logits, shape.branch)[rows, ranks])
+            if depth < len(by_level):  # the last level is never fed, as a chain's last draft
+                mask = mx.array(node_mask(parents, base, level.start, level.stop))
+                positions = mx.full((len(level),), base + depth - 1, mx.int32)
+                logits = self.model(tokens[-1][None], self.cache, mask=mask, positions=positions,
+                                    num_layers=self.num_layers)[0]
+            previous = level
+        self.fed = by_level[-1].start
+        return Proposal(mx.concatenate(tokens), None, parents)
+
     def commit(self, commit: Commit) -> None:
-        drafted, accepted = commit.drafted, commit.accepted
-        k = len(drafted)
-        if k == 0:
+        drafted = commit.drafted
+        if not drafted:  # nothing was proposed, so pending was not fed either
             self.pending.append(commit.next_token)
             return
-        # The cache gained pending + drafted[:k-1]; keep pending + drafted[:accepted].
-        rewind(self.cache, k - 1 - min(accepted, k - 1))
-        self.pending = drafted[k - 1 :] + [commit.next_token] if accepted == k else [commit.next_token]
+        # The cache gained pending + the fed drafts; keep pending + the accepted fed ones.
+        path = commit.accepted_nodes
+        keep_rows(self.cache, self.cache[0].offset - self.fed, [i for i in path if i < self.fed])
+        unfed = [drafted[path[-1]]] if path and path[-1] >= self.fed else []
+        self.pending = unfed + [commit.next_token]

@@ -7,6 +7,7 @@ import numpy as np
 
 from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal
 from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.tree import TreeShape
 from mlxspec.errors import MlxspecError
 
 
@@ -35,6 +36,43 @@ class NgramDrafter:
                 start = hits[-1] + n
                 return Proposal(mx.array(h[start : start + k], dtype=mx.int32))
         return NO_DRAFT
+
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array) -> Proposal:
+        """Up to ``shape.branch`` different continuations of earlier matches (longest, then
+        latest first), each up to ``shape.depth`` tokens, merged where they agree (a trie),
+        at most ``shape.max_nodes`` nodes."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for continuation in self._continuations(history, shape.depth, shape.branch):
+            parent = -1
+            for tok in continuation:
+                node = node_of.get((parent, tok))
+                if node is None:
+                    if len(tokens) == shape.max_nodes:
+                        break
+                    node = node_of[(parent, tok)] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(parent)
+                parent = node
+        if not tokens:
+            return NO_DRAFT
+        return Proposal(mx.array(tokens, dtype=mx.int32), None, tuple(parents))
+
+    def _continuations(self, history: list[int], length: int, count: int) -> list[tuple[int, ...]]:
+        h = np.asarray(history, dtype=np.int64)
+        found: list[tuple[int, ...]] = []
+        if length == 0:
+            return found
+        for n in range(min(self.n, len(h) - 1), self.min_n - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
+            for start in np.flatnonzero((windows == h[-n:]).all(axis=1))[::-1] + n:
+                continuation = tuple(h[start : start + length].tolist())
+                if continuation not in found:
+                    found.append(continuation)
+                if len(found) == count:
+                    return found
+        return found
 
     def commit(self, commit: Commit) -> None:
         pass
