@@ -109,3 +109,30 @@ def test_a_prompt_that_diverges_from_the_kept_one_reuses_only_the_shared_part(ta
     tokens(target.model, first, NgramDrafter(2), kept, n=4)
     prompt = first[: min(cut, len(first))] + tail  # an edited message, a re-rendered answer
     assert tokens(target.model, prompt, NgramDrafter(2), kept) == tokens(target.model, prompt, NgramDrafter(2))
+
+
+@given(turns=st.lists(st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=6), min_size=2, max_size=3),
+       cut=st.integers(0, 4), temp=st.sampled_from([0.0, 1.0]))
+@settings(max_examples=10, deadline=None)
+def test_a_draft_model_reused_across_turns_keeps_its_cache_exactly(target, turns, cut, temp):
+    other = tiny_target(seed=5)
+    drafter, convo = ModelDrafter(other.model, "other"), []
+    for i, turn in enumerate(turns):
+        convo = (convo[: max(len(convo) - cut, 0)] if i == 2 else convo) + turn  # the third turn edits the past
+        again = tokens(target.model, convo, drafter, temp=temp)
+        assert again == tokens(target.model, convo, ModelDrafter(other.model, "other"), temp=temp)
+        held = drafter.committed[: len(drafter.committed) - len(drafter.pending)]
+        assert drafter.cache[0].offset == len(held)
+        convo = convo + again
+
+
+def test_the_draft_model_prefills_only_the_new_turn():
+    other = tiny_target(seed=5)
+    counting = CountingModel(other.model)
+    drafter = ModelDrafter(counting, "other")
+    target = tiny_target(seed=3)
+    first = [5, 6, 7, 8, 9, 10]
+    answer = tokens(target.model, first, drafter, n=6)
+    before = counting.fed
+    tokens(target.model, first + answer + [11, 12], drafter, n=1)
+    assert counting.fed - before <= 4 + 3  # the last answer token, 11 and 12, then one draft step

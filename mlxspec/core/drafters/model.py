@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxspec.core.cache import check_trimmable, keep_rows
+from mlxspec.core.cache import check_trimmable, common_prefix, keep_rows, rewind
 from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal, child_picks, top_children
 from mlxspec.core.model import Llama
 from mlxspec.core.prefill import prefill
@@ -18,7 +18,9 @@ class ModelDrafter:
     Invariant: the cache holds every committed token except ``pending`` (one token, or two
     after a fully accepted draft, whose last token was never fed). Proposing feeds
     ``pending`` and then ``fed`` drafts (all but the last of a chain, all but the last level
-    of a tree); the commit keeps those of them the target accepted."""
+    of a tree); the commit keeps those of them the target accepted. ``committed`` is every
+    committed token, so a new prompt that starts the same way (the next chat turn) reuses
+    the cache for the shared part."""
 
     wants_hidden = False
 
@@ -27,16 +29,22 @@ class ModelDrafter:
         self.cache: list = []
         self.pending: list[int] = []
         self.fed = 0
+        self.committed: list[int] = []
 
     def _forward(self, tokens: mx.array) -> mx.array:
         return self.model(tokens.reshape(1, -1), self.cache, num_layers=self.num_layers)[0, -1]
 
     def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
-        self.cache = check_trimmable(self.model.make_cache()[: self.num_layers], f"draft {self.name!r}")
-        if len(prompt) > 1:
-            prefill(self.model, self.cache, prompt[:-1], num_layers=self.num_layers)
+        held = self.committed[: len(self.committed) - len(self.pending)]
+        n = common_prefix(held, prompt[:-1])
+        if self.cache and n and self.cache[0].offset == len(held):  # else a step failed halfway: start afresh
+            rewind(self.cache, len(held) - n)
+        else:
+            self.cache, n = check_trimmable(self.model.make_cache()[: self.num_layers], f"draft {self.name!r}"), 0
+        if len(prompt) - 1 > n:
+            prefill(self.model, self.cache, prompt[n:-1], num_layers=self.num_layers)
             mx.eval([c.state for c in self.cache])
-        self.pending = prompt[-1:]
+        self.pending, self.committed = prompt[-1:], list(prompt)
 
     def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
         if k == 0:
@@ -76,6 +84,7 @@ class ModelDrafter:
 
     def commit(self, commit: Commit) -> None:
         drafted = commit.drafted
+        self.committed += [drafted[i] for i in commit.accepted_nodes] + [commit.next_token]
         if not drafted:  # nothing was proposed, so pending was not fed either
             self.pending.append(commit.next_token)
             return
