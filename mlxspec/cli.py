@@ -861,6 +861,60 @@ def serve(
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
 
+@app.command()
+@friendly
+def study(
+    model: str = ModelOpt,
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="A drafter that can branch: a draft model, self:L, an eagle head or ngram:N. default: the registry's draft model for the target (smollm2-135m-draft for the default model: like the paper's TinyLlama a separate small model, and it accepts far more than the target's own first layers do here), else self:L with half the target's layers."),
+    tree: str = typer.Option("3x2", "--tree", help="Tree shape DxB: depth D, each node's top-B children (the paper: 3x2)."),
+    tree_nodes: Optional[int] = typer.Option(8, "--tree-nodes", help="Cap the tree at N nodes, breadth first (the paper: 8)."),
+    temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy (the paper's)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
+    per_domain: int = typer.Option(50, "--prompts-per-domain", help="First N prompts of each domain: code (HumanEval), maths (GSM8K), logic (FOLIO), chat (MT-Bench first turns)."),
+    max_tokens: int = typer.Option(64, "--max-tokens", "-n", help="New tokens per prompt."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    dtype: str = DtypeOpt,
+    quick: bool = typer.Option(False, "--quick", help="A small run for CI: 2 prompts per domain, 24 tokens each."),
+    log: Optional[Path] = typer.Option(None, "--log", help="The per-node JSON-lines log (default: $MLXSPEC_HOME/study/<settings>.jsonl); a rerun with the same settings resumes it."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start the log again instead of resuming it."),
+    held_out: bool = typer.Option(False, "--held-out", help="Pass over the prompts a trained draft was distilled on (the shipped draft saw some HumanEval, GSM8K and FOLIO items), taking the next ones instead."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file (and, without --plot, the plots beside it)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs PREFIX-depth.png and PREFIX-entropy.png: acceptance by tree depth and by target entropy, per domain."),
+) -> None:
+    """When are drafts accepted? Tree speculation over four domains with every verified node
+    logged (depth, draft and target probability, target entropy, accepted), then acceptance by
+    domain, by depth and against entropy, beside the published study's figures."""
+    from mlxspec.measure import study as st
+
+    if quick:
+        per_domain, max_tokens = st.QUICK_PER_DOMAIN, st.QUICK_MAX_TOKENS
+    st.check_study_args(per_domain, max_tokens, tree, tree_nodes, temp, top_p, draft)
+    st.study_prompts(per_domain)  # the data folder, before the model loads
+    if out is not None and out.is_dir():
+        raise MlxspecError(f"--out {out} is a folder; give a file")
+    with _progress() as bar:
+        task = bar.add_task("study: loading", total=None)
+
+        def progress(i: int, total: int, label: str) -> None:
+            bar.update(task, completed=i, total=total, description=label)
+
+        def on_log(path: Path, before: int) -> None:
+            err.print(f"[dim]log: {path}" + (f" (resuming: {before} prompts done)" if before else "") + "[/]")
+
+        result = st.run_study(model, draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
+                              fresh, progress, on_log=on_log, held_out=held_out)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        st.print_study(result, Console())
+    _write_json(result.to_json(), out)
+    prefix = plot if plot is not None else out.with_suffix("") if out is not None else None
+    if prefix is not None:
+        for p in st.plot_study(result, prefix):
+            err.print(f"[dim]wrote {p}[/]")
+
+
 def main() -> None:
     app()
 

@@ -13,9 +13,9 @@ import mlx.core as mx
 
 from mlxspec.core.cache import PromptCache, check_trimmable, keep_rows
 from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal, can_branch
-from mlxspec.core.events import Done, Event, Status, Step, Token, Tree
+from mlxspec.core.events import Done, Event, NodeStats, Status, Step, Token, Tree
 from mlxspec.core.prefill import prefill
-from mlxspec.core.sampling import SamplingParams, probs, sample
+from mlxspec.core.sampling import SamplingParams, logprobs, probs, sample
 from mlxspec.core.target import Target
 from mlxspec.core.tree import TreeShape, first_line, path_to, verify_mask, verify_positions
 from mlxspec.core.verify import (greedy_verify, pad_vocab, rejection_verify, tree_greedy_verify,
@@ -114,9 +114,9 @@ def _start(model: Target, drafter: Drafter, prompt: list[int],
 
 
 def _verify(model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
-            key: mx.array, want_hidden: bool) -> tuple[mx.array, mx.array, mx.array | None]:
+            key: mx.array, want_hidden: bool) -> tuple[mx.array, mx.array, mx.array | None, mx.array]:
     """One target pass over [y, d_1..d_m]: how many drafts it keeps, its next token, and its
-    hidden states of the pass (lazy)."""
+    hidden states and logits of the pass (lazy)."""
     draft = proposal.tokens
     out = model(mx.concatenate([mx.array([y], mx.int32), draft])[None], cache,
                 **({"return_hidden": True} if want_hidden else {}))
@@ -126,13 +126,14 @@ def _verify(model: Target, cache: list, y: int, proposal: Proposal, params: Samp
     else:
         p = probs(logits, params)
         n_acc, nxt = rejection_verify(draft, pad_vocab(proposal.q, p.shape[-1]), p, key)
-    return n_acc, nxt, hidden
+    return n_acc, nxt, hidden, logits
 
 
 def _verify_tree(model: Target, cache: list, offset: int, y: int, proposal: Proposal, params: SamplingParams,
-                 key: mx.array, want_hidden: bool) -> tuple[mx.array, mx.array, mx.array | None]:
+                 key: mx.array, want_hidden: bool) -> tuple[mx.array, mx.array, mx.array | None, mx.array]:
     """One target pass over [y, tree nodes], ``offset`` committed tokens cached before y: the
-    last accepted node (-1: none), the next token and the hidden states of the pass (lazy).
+    last accepted node (-1: none), the next token and the hidden states and logits of the pass
+    (lazy).
     Each node sees the context and its ancestors only, at the position its depth gives it."""
     parents = proposal.parents
     mask, positions = verify_mask(parents, offset), verify_positions(parents, offset)
@@ -144,7 +145,22 @@ def _verify_tree(model: Target, cache: list, offset: int, y: int, proposal: Prop
         last, nxt = tree_greedy_verify(proposal.tokens, parents, logits)
     else:
         last, nxt = tree_sample_verify(proposal.tokens, parents, probs(logits, params), key)
-    return last, nxt, hidden
+    return last, nxt, hidden, logits
+
+
+def _node_stats(logits: mx.array, tokens: mx.array, parents: tuple[int, ...],
+                params: SamplingParams) -> tuple[mx.array, mx.array, mx.array]:
+    """Per node (lazy), from the verify pass's logits over [y, nodes]: the entropy of the
+    target's distribution at its parent's row, that distribution's probability of the node's
+    token, and its argmax (``events.NodeStats``)."""
+    lp = logits.astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
+    rows = mx.array([p + 1 for p in parents], mx.int32)
+    at_parent = lp[rows]
+    p = mx.exp(at_parent)
+    entropy = -mx.where(p > 0, p * at_parent, 0.0).sum(axis=-1)
+    picked = mx.take_along_axis(at_parent, tokens.astype(mx.int32)[:, None], axis=-1)[:, 0]
+    return entropy, mx.exp(picked), mx.argmax(at_parent, axis=-1)
 
 
 def _check_tree(model: Target, drafter: Drafter, shape: TreeShape, prompt: list[int], context: int) -> None:
@@ -160,6 +176,14 @@ def _check_tree(model: Target, drafter: Drafter, shape: TreeShape, prompt: list[
     if len(prompt) + shape.nodes >= context:
         raise MlxspecError(f"a {shape} tree of {shape.nodes} nodes does not fit in the model's context of {context} "
                            f"after the {len(prompt)}-token prompt; use a smaller --tree or --tree-nodes")
+
+
+def _stats_of(stats: tuple, node_q: mx.array | None) -> NodeStats | None:
+    """The evaluated ``_node_stats`` (and the drafter's probabilities) as plain values."""
+    if not stats:
+        return None
+    entropy, p_target, top = (tuple(x.tolist()) for x in stats)
+    return NodeStats(entropy, p_target, top, None if node_q is None else tuple(node_q.tolist()))
 
 
 def _rows_of(hidden: mx.array | None, path: list[int]) -> mx.array | None:
@@ -203,6 +227,7 @@ def generate(
     k: int | KPolicy = 4,
     kept: PromptCache | None = None,
     tree: TreeShape | None = None,
+    node_stats: bool = False,
 ) -> Iterator[Event]:
     """Speculative decoding with ``drafter`` (target-only decoding without one), drafting ``k``
     tokens a step, or as many as a ``KPolicy`` asks for each step, or a ``tree`` of that shape.
@@ -212,7 +237,8 @@ def generate(
     A tree's nodes go in the same pass, each seeing only its ancestors, and afterwards the
     cache keeps just the accepted path's rows. ``kept``: a cache from an earlier call (a
     chat's last turn) to reuse, and to leave this call's cache in, with the hidden states of
-    its tokens when the drafter reads them.
+    its tokens when the drafter reads them. ``node_stats``: give every step's tree its
+    ``NodeStats`` (for ``mlxspec study``; off, nothing of it is computed).
     """
     if drafter is None:
         yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept)
@@ -240,19 +266,21 @@ def generate(
             if tree is None:
                 proposal = drafter.propose(history, room, params, draft_key)
             else:
-                proposal = drafter.propose_tree(history, tree.cut(room), params, draft_key)
-            mx.eval(proposal.tokens, proposal.q)  # a sync of its own only so draft and verify time are reported apart
+                proposal = drafter.propose_tree(history, tree.cut(room), params, draft_key,
+                                                **({"draft_probs": True} if node_stats else {}))
+            mx.eval(proposal.tokens, proposal.q, proposal.node_q)  # a sync of its own only so draft and verify time are reported apart
             t_drafted = time.perf_counter()
 
+            # decided: how many drafts a chain keeps, or the last accepted node of a tree
             if proposal.is_chain:
-                n_acc, nxt, hidden = _verify(model, cache, y, proposal, params, verify_key, drafter.wants_hidden)
-                mx.eval(n_acc, nxt)
-                path = list(range(n_acc.item()))
+                decided, nxt, hidden, logits = _verify(model, cache, y, proposal, params, verify_key,
+                                                       drafter.wants_hidden)
             else:
-                last, nxt, hidden = _verify_tree(model, cache, len(history) - 1, y, proposal, params, verify_key,
-                                                 drafter.wants_hidden)
-                mx.eval(last, nxt)
-                path = path_to(proposal.parents, last.item())
+                decided, nxt, hidden, logits = _verify_tree(model, cache, len(history) - 1, y, proposal, params,
+                                                            verify_key, drafter.wants_hidden)
+            stats = _node_stats(logits, proposal.tokens, proposal.parents, params) if node_stats and proposal.parents else ()
+            mx.eval(decided, nxt, *stats)
+            path = list(range(decided.item())) if proposal.is_chain else path_to(proposal.parents, decided.item())
             t_verified = time.perf_counter()
 
             drafted, n, y = proposal.tokens.tolist(), len(path), nxt.item()
@@ -273,7 +301,8 @@ def generate(
             emitted += sum(t.emitted for t in tokens)
             if t_first is None:
                 t_first = t_verified
-            shown = None if proposal.parents is None else Tree(tuple(drafted), proposal.parents, tuple(path))
+            shown = None if proposal.parents is None else Tree(tuple(drafted), proposal.parents, tuple(path),
+                                                               _stats_of(stats, proposal.node_q))
             yield Step(tokens, k=len(drafted), accepted=n, draft_ms=(t_drafted - t_step) * 1e3,
                        verify_ms=(t_verified - t_drafted) * 1e3, room=room, tree=shown)
             if stop:

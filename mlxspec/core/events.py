@@ -25,16 +25,43 @@ class Token:
 
 
 @dataclass(frozen=True)
+class NodeStats:
+    """What the target (and the drafter) thought of each node of a verified tree, computed only
+    when ``generate(..., node_stats=True)`` asks (``mlxspec study``): node i was judged against
+    the target's distribution at its parent's row of the verify pass (the last committed token
+    for a child of the root). ``entropy[i]``: that distribution's entropy in nats;
+    ``p_target[i]``: its probability of ``tokens[i]``; ``target_top[i]``: its most likely
+    token. The distribution is the softmax of the logits under greedy decoding, the sampling
+    distribution (temperature, top-p, ...) otherwise. ``q_draft[i]``: the drafter's probability
+    of ``tokens[i]`` at the parent, on the same convention, or None when the drafter has none
+    (prompt lookup)."""
+
+    entropy: tuple[float, ...]
+    p_target: tuple[float, ...]
+    target_top: tuple[int, ...]
+    q_draft: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict:
+        return {"entropy": list(self.entropy), "p_target": list(self.p_target), "target_top": list(self.target_top),
+                "q_draft": None if self.q_draft is None else list(self.q_draft)}
+
+
+@dataclass(frozen=True)
 class Tree:
     """The draft tree a step verified: node i is ``tokens[i]`` below node ``parents[i]`` (-1:
-    below the last committed token), and ``path`` the nodes the target accepted, root first."""
+    below the last committed token), and ``path`` the nodes the target accepted, root first.
+    ``stats``: per-node ``NodeStats`` when the engine was asked for them, else None."""
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     path: tuple[int, ...]
+    stats: NodeStats | None = None
 
     def to_dict(self) -> dict:
-        return {"tokens": list(self.tokens), "parents": list(self.parents), "path": list(self.path)}
+        d = {"tokens": list(self.tokens), "parents": list(self.parents), "path": list(self.path)}
+        if self.stats is not None:
+            d["stats"] = self.stats.to_dict()
+        return d
 
 
 @dataclass(frozen=True)

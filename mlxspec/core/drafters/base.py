@@ -8,7 +8,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.sampling import SamplingParams, logprobs
 from mlxspec.core.tree import TreeShape
 from mlxspec.errors import MlxspecError
 
@@ -25,11 +25,13 @@ class Proposal:
     each token was sampled from, or None for a deterministic drafter (a point mass on each
     token). A tree is verified without q (``verify.tree_verify``, exact for any tree drawn
     independently of the target's choices); our drafters pick its children deterministically,
-    top-B, and leave q None."""
+    top-B, and leave q None. ``node_q``: (m,) the drafter's probability of each node's token at
+    its parent, only when ``propose_tree(..., draft_probs=True)`` asked for it (``NodeStats``)."""
 
     tokens: mx.array
     q: mx.array | None = None
     parents: tuple[int, ...] | None = None
+    node_q: mx.array | None = None
 
     @property
     def is_chain(self) -> bool:
@@ -87,10 +89,12 @@ class Drafter(Protocol):
 class TreeDrafter(Drafter, Protocol):
     """A drafter that can branch (``--tree``)."""
 
-    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array) -> Proposal:
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array,
+                     draft_probs: bool = False) -> Proposal:
         """A tree of ``shape`` (or smaller) after ``history``, nodes breadth first, children
         the drafter chose deterministically (q None): the target walks it along its own
-        choices (``verify.tree_verify``)."""
+        choices (``verify.tree_verify``). ``draft_probs``: also give ``Proposal.node_q``
+        where the drafter has probabilities (``node_probs``)."""
 
 
 def can_branch(drafter: Drafter) -> bool:
@@ -102,6 +106,14 @@ def top_children(logits: mx.array, branch: int) -> mx.array:
     top = mx.argpartition(-logits, kth=branch - 1, axis=-1)[:, :branch]
     order = mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1)
     return mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
+
+
+def node_probs(logits: mx.array, rows: mx.array, picked: mx.array, params: SamplingParams) -> mx.array:
+    """The probability of each picked child under its parent's row of ``logits``: the softmax
+    when greedy, the sampling distribution otherwise (as ``NodeStats``)."""
+    lp = logits.astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
+    return mx.exp(lp[rows, picked])
 
 
 def child_picks(parents: tuple[int, ...], level: range, previous: range | None) -> tuple[mx.array, mx.array]:

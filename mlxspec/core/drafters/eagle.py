@@ -22,7 +22,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from mlxspec.core.cache import check_trimmable, rewind
-from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal, child_picks, top_children
+from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal, child_picks, node_probs, top_children
 from mlxspec.core.model import Block, LlamaConfig, Unowned
 from mlxspec.core.sampling import SamplingParams, probs, sample
 from mlxspec.core.tree import TreeShape, levels, node_mask
@@ -155,7 +155,8 @@ class EagleDrafter:
                 pred, z = self._run(pred, tok)
         return Proposal(mx.stack(tokens).astype(mx.int32), mx.stack(dists) if dists else None)
 
-    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array) -> Proposal:
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array,
+                     draft_probs: bool = False) -> Proposal:
         """Each node's top-``shape.branch`` children by the head's logits, one head pass per
         level: a node's slot pairs its parent's predicted feature with its own token."""
         self.fed = 0
@@ -165,11 +166,14 @@ class EagleDrafter:
         pred, z = self._run_pending()
         z = z[None]  # the root's row: pred (1, D), z (1, head_vocab)
         base = self.cache[0].offset
-        tokens, previous = [], None
+        tokens, qs, previous = [], [], None
         by_level = levels(parents)
         for depth, level in enumerate(by_level, start=1):
             rows, ranks = child_picks(parents, level, previous)
-            tokens.append(self.head.vocab_ids[top_children(z, shape.branch)[rows, ranks]])
+            picked = top_children(z, shape.branch)[rows, ranks]  # columns of the head's vocabulary
+            tokens.append(self.head.vocab_ids[picked])
+            if draft_probs:  # the head gives no mass outside its vocabulary
+                qs.append(node_probs(z, rows, picked, params))
             if depth < len(by_level):
                 mask = mx.array(node_mask(parents, base, level.start, level.stop))
                 positions = mx.full((len(level),), base + depth - 1, mx.int32)
@@ -177,7 +181,7 @@ class EagleDrafter:
                 pred, z = out[0], zs[0]
             previous = level
         self.fed = by_level[-1].start
-        return Proposal(mx.concatenate(tokens).astype(mx.int32), None, parents)
+        return Proposal(mx.concatenate(tokens).astype(mx.int32), None, parents, mx.concatenate(qs) if qs else None)
 
     def commit(self, commit: Commit) -> None:
         if commit.hidden is None:

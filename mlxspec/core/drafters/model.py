@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxspec.core.cache import check_trimmable, common_prefix, keep_rows, rewind
-from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal, child_picks, top_children
+from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal, child_picks, node_probs, top_children
 from mlxspec.core.model import Llama
 from mlxspec.core.prefill import prefill
 from mlxspec.core.sampling import SamplingParams, probs, sample
@@ -60,7 +60,8 @@ class ModelDrafter:
         self.fed = k - 1
         return Proposal(mx.stack(tokens), mx.stack(dists) if dists else None)
 
-    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array) -> Proposal:
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array,
+                     draft_probs: bool = False) -> Proposal:
         """Each node's top-``shape.branch`` children by the draft's logits, one forward pass
         per level (a level's nodes see the committed tokens and their own ancestors)."""
         parents = shape.parents()
@@ -68,11 +69,13 @@ class ModelDrafter:
             return NO_DRAFT
         logits = self._forward(mx.array(self.pending))[None]
         base = self.cache[0].offset  # where the first level goes
-        tokens, previous = [], None
+        tokens, qs, previous = [], [], None
         by_level = levels(parents)
         for depth, level in enumerate(by_level, start=1):
             rows, ranks = child_picks(parents, level, previous)
             tokens.append(top_children(logits, shape.branch)[rows, ranks])
+            if draft_probs:
+                qs.append(node_probs(logits, rows, tokens[-1], params))
             if depth < len(by_level):  # the last level is never fed, as a chain's last draft
                 mask = mx.array(node_mask(parents, base, level.start, level.stop))
                 positions = mx.full((len(level),), base + depth - 1, mx.int32)
@@ -80,7 +83,7 @@ class ModelDrafter:
                                     num_layers=self.num_layers)[0]
             previous = level
         self.fed = by_level[-1].start
-        return Proposal(mx.concatenate(tokens), None, parents)
+        return Proposal(mx.concatenate(tokens), None, parents, mx.concatenate(qs) if qs else None)
 
     def commit(self, commit: Commit) -> None:
         drafted = commit.drafted

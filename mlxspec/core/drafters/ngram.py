@@ -37,10 +37,11 @@ class NgramDrafter:
                 return Proposal(mx.array(h[start : start + k], dtype=mx.int32))
         return NO_DRAFT
 
-    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array) -> Proposal:
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array,
+                     draft_probs: bool = False) -> Proposal:
         """Up to ``shape.branch`` different continuations of earlier matches (longest, then
         latest first), each up to ``shape.depth`` tokens, merged where they agree (a trie),
-        at most ``shape.max_nodes`` nodes."""
+        at most ``shape.max_nodes`` nodes. No probabilities: ``draft_probs`` gives nothing."""
         tokens: list[int] = []
         parents: list[int] = []
         node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
