@@ -13,13 +13,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from scipy.stats import spearmanr
-from tiny import tiny_target
+from tiny import lively_target
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 from mlxspec.core.drafters import ModelDrafter
 from mlxspec.core.engine import generate
 from mlxspec.core.events import Step
-from mlxspec.core.model import Llama
 from mlxspec.core.sampling import SamplingParams, probs
 from mlxspec.core.tree import parse_tree, path_to
 from mlxspec.errors import MlxspecError
@@ -224,18 +223,6 @@ def test_a_log_of_other_settings_is_refused_and_fresh_starts_again(tmp_path):
 
 
 # ----------------------------------------------------------------------------- node records
-
-
-def lively_target(seed: int):
-    """The tiny target with a sharper, untied head (as tests/test_tree.py), so drafts are
-    sometimes accepted and sometimes not."""
-    target = tiny_target(seed)
-    mx.random.seed(seed + 10)
-    target.config = replace(target.config, tie_embeddings=False)
-    target.model = Llama(target.config)
-    target.model.lm_head.weight = target.model.lm_head.weight * 3
-    mx.eval(target.model.parameters())
-    return target
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -21,7 +21,7 @@ from exact import EnumerationError, target_joint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
-from tiny import VOCAB, tiny_draft, tiny_target
+from tiny import VOCAB, lively_target, tiny_draft, tiny_target
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 from mlxspec.core import engine
@@ -336,18 +336,6 @@ def tree_drafters(target):
     return [ModelDrafter(target.model, "self:1", 1), ModelDrafter(other, "other"),
             ModelDrafter(tiny_draft(target, init="random", seed=2), "trained"), NgramDrafter(2, 1),
             EagleDrafter(random_head(target), "eagle")]
-
-
-def lively_target(seed: int):
-    """tests/tiny.py's target with its own, sharper LM head: a tied random head mostly
-    repeats the last token, which would accept every first-line draft and test nothing."""
-    target = tiny_target(seed)
-    mx.random.seed(seed + 10)
-    target.config = replace(target.config, tie_embeddings=False)
-    target.model = Llama(target.config)
-    target.model.lm_head.weight = target.model.lm_head.weight * 3
-    mx.eval(target.model.parameters())
-    return target
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,6 +35,18 @@ def tiny_target(seed: int = 0, vocab: dict[str, int] | None = None) -> SimpleNam
     # As mlx-lm's TokenizerWrapper: get_vocab forwarded to the tokenizer it wraps (_tokenizer).
     tok = SimpleNamespace(_tokenizer=words, get_vocab=words.get_vocab, eos_token_ids={0})
     return SimpleNamespace(model=model, tokenizer=tok, name="tiny", config=cfg, dtype="float32")
+
+
+def lively_target(seed: int) -> SimpleNamespace:
+    """``tiny_target`` with its own, sharper LM head: a tied random head mostly repeats the
+    last token, which would accept every first-line draft and test nothing."""
+    target = tiny_target(seed)
+    mx.random.seed(seed + 10)
+    target.config = replace(target.config, tie_embeddings=False)
+    target.model = Llama(target.config)
+    target.model.lm_head.weight = target.model.lm_head.weight * 3
+    mx.eval(target.model.parameters())
+    return target
 
 
 def tiny_draft(target, head_ids=range(0, VOCAB, 2), layers: int = 1, init: str = "target", seed: int = 0) -> DraftModel:
