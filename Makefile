@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 MLXSPEC := $(VENV)/bin/mlxspec
 PROMPT ?= Write a short Python function that checks whether a number is prime, then explain it.
 
-.PHONY: setup system-deps draft-data-deps venv model run generate test test-fast bench clean
+.PHONY: setup system-deps draft-data-deps venv model run generate test test-fast test-cuda bench clean
 
 setup: system-deps venv model
 
@@ -27,10 +27,15 @@ draft-data-deps:
 
 venv: $(VENV)/.installed
 
+# The torch extra (--backend torch, `mlxspec parity`) is part of setup so `make test` runs the
+# CPU parity tests. TORCH pins the CPU build this machine kind keeps on disk (a plain `torch`
+# on Linux x86-64 downloads a CUDA build of several GB); on a Mac the same pin gives MPS.
+TORCH ?= torch==2.13.0
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,torch]" "$(TORCH)"
 	touch $@
 
 model: venv
@@ -48,6 +53,10 @@ test: setup
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not model"
+
+# On a machine with an NVIDIA GPU (and TORCH=torch, a CUDA build): the CUDA parity tests.
+test-cuda: setup
+	$(PY) -m pytest -q -m cuda -rs
 
 bench: setup
 	$(MLXSPEC) bench --baseline --out out/bench-baseline.json

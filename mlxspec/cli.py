@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
@@ -35,7 +36,7 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except MlxspecError as e:
-            err.print(f"[bold red]error:[/] {e}")
+            err.print(f"[bold red]error:[/] {escape(str(e))}")  # a message may hold brackets ('mlxspec[torch]')
             raise typer.Exit(2) from None
 
     return wrapper
@@ -100,9 +101,24 @@ KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False,
 SystemOpt = typer.Option(None, "--system-prompt", help="A system message before the user's (chat template).")
 KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft tokens per step (1..64).")
 RemeasureOpt = typer.Option(False, "--remeasure-cost", help="--k auto: measure this machine's verify-cost curve for the model again (cached in $MLXSPEC_HOME/costcurves).")
-TreeOpt = typer.Option(None, "--tree", show_default=False, help="Draft a token tree instead of a chain: DxB, depth D, each node's top-B children (e.g. 3x2), verified in one target pass (exact at any temperature).")
-TreeNodesOpt = typer.Option(None, "--tree-nodes", show_default=False, help="Cap the --tree at N nodes, breadth first (1..64; default: the whole tree).")
+TreeOpt = typer.Option(None, "--tree", show_default=False, help="Draft a token tree instead of a chain: DxB, depth D, each node's top-B children (e.g. 3x2), or auto (grown by draft probability, as many nodes verified as this machine's verify-cost curve says pay); verified in one target pass, exact at any temperature.")
+TreeNodesOpt = typer.Option(None, "--tree-nodes", show_default=False, help="Cap the --tree at N nodes, breadth first (1..64; default: the whole tree, 16 for auto).")
 DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
+BackendOpt = typer.Option("mlx", "--backend", help="mlx, or torch: the same engine on PyTorch (needs the torch extra of mlxspec; llama-type models).")
+DeviceOpt = typer.Option(None, "--device", show_default=False, help="With --backend torch: cpu, cuda or mps (default: the best this machine has).")
+
+
+def _target(model: str, dtype: str, backend: str, device: Optional[str]):
+    """``--model`` as the measurements take it: the spec on MLX (they load it themselves),
+    the model already loaded on torch."""
+    from mlxspec.torchpath import backend_spec
+
+    spec = backend_spec(backend, device)
+    if spec == "mlx":
+        return model
+    from mlxspec.targets import loading
+
+    return loading.load(model, dtype, spec)
 
 
 def with_system(text: str, system: Optional[str]) -> str | list[dict]:
@@ -134,12 +150,14 @@ def generate(
     tree_nodes: Optional[int] = TreeNodesOpt,
     remeasure_cost: bool = RemeasureOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per token (with its status), then a summary."),
+    backend: str = BackendOpt,
+    device: Optional[str] = DeviceOpt,
 ) -> None:
     """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
     (or --draft; --draft none for target-only decoding)."""
     from mlxspec.core.engine import generate as run
     from mlxspec.core.sampling import SamplingParams
-    from mlxspec.measure.costcurve import k_policy
+    from mlxspec.measure.costcurve import k_policy, tree_costs
     from mlxspec.targets import loading
     from mlxspec.targets.drafts import make_drafter
     from mlxspec.targets.tokenizer import encode_prompt
@@ -152,12 +170,15 @@ def generate(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     shape = _tree_option(tree, tree_nodes, k, draft)
     k = _k_option(k, draft)
-    lm = loading.load(model, dtype)
+    from mlxspec.torchpath import backend_spec
+
+    lm = loading.load(model, dtype, backend_spec(backend, device))
     drafter = make_drafter(_named_draft(draft, model), lm, dtype)
     if shape is not None and drafter is None:
         raise MlxspecError(f"--tree needs a drafter, and the default for {lm.name} is none; pick one, e.g. --draft self:8")
     ids = encode_prompt(lm.tokenizer, with_system(text, system_prompt), raw=raw)
     policy = k_policy(k, lm, drafter, remeasure_cost) if shape is None else shape.depth
+    shape = tree_costs(shape, lm, remeasure_cost)
     reply = _ReplyWriter(lm, drafter, "auto" if k is None else k, as_json, shape)
     eos = set(lm.tokenizer.eos_token_ids)
     for ev in run(lm.model, ids, params, max_tokens, eos, lm.context_length, seed, drafter, policy, tree=shape):
@@ -350,19 +371,27 @@ def chat(
     model: str = ModelOpt,
     draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default, none, ngram[:N], self:L or a draft path (cycle with a key)."),
     k: Optional[str] = KOpt,
+    tree: Optional[str] = TreeOpt,
+    tree_nodes: Optional[int] = TreeNodesOpt,
     temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
     system_prompt: Optional[str] = SystemOpt,
+    backend: str = BackendOpt,
+    device: Optional[str] = DeviceOpt,
 ) -> None:
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
-    correction, bonus, plain), with acceptance statistics and speed beside them."""
+    correction, bonus, plain), with acceptance statistics and speed beside them; with --tree,
+    the last step's draft tree beside the text (^g shows or hides it)."""
+    from mlxspec.torchpath import backend_spec
     from mlxspec.tui.chat.app import run_chat
 
+    shape = _tree_option(tree, tree_nodes, k, draft)
     k = _k_option(k, draft)
     run_chat(model, _named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
+             backend=backend_spec(backend, device), **({"tree": shape} if shape else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 
@@ -386,6 +415,12 @@ def bench(
     seed: int = typer.Option(0, help="Sampling seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+    backend: str = BackendOpt,
+    device: Optional[str] = DeviceOpt,
+    torch_on: Optional[bool] = typer.Option(None, "--torch/--no-torch", help="With --baseline: also time mlxspec on PyTorch, one column per --torch-dtype (default: on when torch is installed)."),
+    torch_dtypes: Optional[list[str]] = typer.Option(None, "--torch-dtype", help="With --baseline: torch dtypes timed beside float32 (repeatable; default: float32 on CPU, the fastest that keeps MLX's greedy tokens here)."),
+    torch_device: str = typer.Option("cpu", "--torch-device", help="With --baseline: the torch device (cpu, cuda, mps)."),
+    torch_threads: Optional[list[int]] = typer.Option(None, "--torch-threads", help="With --baseline: torch CPU threads (default: torch's own); repeat to time one column per setting in the same run."),
 ) -> None:
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
     from mlxspec.measure import bench as b
@@ -402,10 +437,14 @@ def bench(
             bar.update(task, completed=i, total=total, description=label)
 
         if baseline:
+            torch_cols, note = b.torch_columns(torch_on, torch_dtypes, torch_device)
+            if note:
+                Console(stderr=True).print(f"[yellow]note:[/] {escape(note)}")
             result = b.baseline_bench(model, dtype, max_tokens=max_tokens, warmup=warmup,
-                                      repeats=max(repeats, 3), progress=progress)
+                                      repeats=max(repeats, 3), progress=progress, torch_dtypes=torch_cols,
+                                      torch_device=torch_device, torch_threads=torch_threads or ())
         else:
-            result = b.spec_bench(model, draft, "auto" if k is None else k, tuple(temps), categories, per_category,
+            result = b.spec_bench(_target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories, per_category,
                                   max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, progress, dtype=dtype,
                                   remeasure_cost=remeasure_cost)
     if as_json:
@@ -430,6 +469,8 @@ def verify(
     seed: int = typer.Option(0, help="Base seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+    backend: str = BackendOpt,
+    device: Optional[str] = DeviceOpt,
 ) -> None:
     """Check that speculative decoding is exact on the real model: a two-sample chi-squared
     test of sampled tokens against target-only decoding, and token-for-token greedy agreement."""
@@ -449,6 +490,7 @@ def verify(
         def progress(i: int, total: int, label: str) -> None:
             bar.update(task, completed=i, total=total, description=label)
 
+        model = _target(model, "auto", backend, device)
         sampled = eq.sampling_check(model, draft, k, tokens, temp, top_p,
                                     max_tokens_per_prompt=48 if quick else 128, seed=seed, progress=progress)
         greedy = eq.greedy_check(model, draft, k, prompts, greedy_tokens, progress=progress)
@@ -459,6 +501,64 @@ def verify(
         eq.print_verify(result, Console())
     _write_json(result, out)
     if not result["passed"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def parity(
+    model: str = ModelOpt,
+    device: Optional[str] = typer.Option(None, "--device", show_default=False, help="The torch device: cpu, cuda or mps (default: the best this machine has). --device cuda is the CUDA parity run."),
+    dtype: str = typer.Option("auto", "--dtype", help="torch weights: auto (float32 on CPU, bfloat16 on CUDA, float16 on MPS), float32, float16, bfloat16. The MLX reference is float32; the logits goal is 1e-4 in float32, looser in half precision."),
+    draft: Optional[str] = typer.Option(None, "--draft", "--draft-model", "-d", show_default=False, help="Drafters to compare, comma-separated (e.g. none,ngram:3,self:8; default: none, ngram:3, self:8 and the registry's drafts for the target: for the default model smollm2-135m-draft and smollm2-135m-eagle)."),
+    ks: str = typer.Option("1..8", "--k", "-k", help="Draft lengths: a range (1..8), a list (1,2,4,8) or both (1..3,8)."),
+    prompts: int = typer.Option(6, "--prompts", help="Held-out Spec-Bench prompts, one category after another."),
+    max_tokens: int = typer.Option(32, "--max-tokens", "-n", help="Greedy tokens per prompt and method."),
+    draws: int = typer.Option(200, "--draws", help="Shared uniform vectors per prompt for the acceptance-decision check."),
+    quick: bool = typer.Option(False, "--quick", help="Small CI-sized run (2 prompts, K 1,4,8, 16 tokens, 50 draws)."),
+    seed: int = typer.Option(0, help="Seed of the decision check's drafts and uniforms."),
+    torch_threads: int = typer.Option(0, "--torch-threads", help="torch CPU threads for the run (0: torch's default; MLX's CPU matmuls use OPENBLAS_NUM_THREADS)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+) -> None:
+    """Check the PyTorch backend against MLX on the same prompts: relative logit difference per
+    layer output and at the head (|mlx - torch| / max |mlx| per position), greedy agreement for
+    target-only and every drafter at every K, acceptance decisions given the same uniforms, and
+    tokens/s side by side. Exit status 1 when a goal is missed."""
+    from mlxspec.measure import parity as pa
+    from mlxspec.measure.sweep import parse_ks
+    from mlxspec.torchpath import pick_device, require_torch
+
+    require_torch()
+    device = pick_device(device)
+    from mlxspec.torchpath.load import torch_dtype
+
+    torch_dtype(dtype, device)
+    k_list = parse_ks(ks)
+    drafts = None if draft is None else [d.strip() for d in draft.split(",")]
+    if drafts is not None and not all(drafts):
+        raise MlxspecError(f"bad --draft {draft!r}: expected drafters separated by commas, e.g. none,ngram:3,self:8")
+    if quick:
+        prompts, k_list, max_tokens, draws = (pa.QUICK["prompts"], list(pa.QUICK["ks"]), pa.QUICK["max_tokens"],
+                                              pa.QUICK["draws"])
+    if prompts < 1 or max_tokens < 1 or draws < 1 or torch_threads < 0:
+        raise MlxspecError("--prompts, --max-tokens and --draws must be >= 1, --torch-threads >= 0")
+    with _progress() as bar:
+        task = bar.add_task("parity", total=None)
+
+        def progress(i: int, total: int, label: str) -> None:
+            bar.update(task, completed=i, total=total, description=label)
+
+        result = pa.run_parity(model, device, dtype, prompts, drafts, k_list, max_tokens, progress,
+                               draws=draws, repeats=pa.QUICK["repeats"] if quick else pa.SPEED_REPEATS, seed=seed,
+                               threads=torch_threads or None)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        pa.print_parity(result, Console())
+    _write_json(result.to_json(), out)
+    if not result.passed:
+        err.print(f"parity: missed goal(s): {'; '.join(result.goals.missed())}")
         raise typer.Exit(1)
 
 
@@ -485,6 +585,10 @@ def sweep(
     tui: bool = typer.Option(False, "--tui", help="Show the sweep live in a terminal UI (q quits); the table is printed after."),
     auto: bool = typer.Option(True, "--auto/--no-auto", help="Time --k auto too (K chosen per step), as a row next to the fixed Ks."),
     remeasure_cost: bool = RemeasureOpt,
+    trees: Optional[str] = typer.Option(None, "--tree", show_default=False, help="Tree shapes to time beside the Ks: a list (2x2,3x2,auto), a range (1x1..4x2: every depth 1-4 with branching 1-2) or both; the fastest is named and compared with the best K."),
+    tree_nodes: Optional[int] = TreeNodesOpt,
+    backend: str = BackendOpt,
+    device: Optional[str] = DeviceOpt,
 ) -> None:
     """Find the draft length K that is fastest in wall-clock time, and say why speculation
     loses when it does (slow draft, serial verification, or low acceptance); with an `auto`
@@ -492,12 +596,20 @@ def sweep(
     from mlxspec.core.sampling import SamplingParams
     from mlxspec.measure import sweep as sw
 
+    from mlxspec.core.tree import parse_tree_list
+
     k_list = sw.parse_ks(ks)
     SamplingParams(temp, top_p)
+    if trees is None and tree_nodes is not None:
+        raise MlxspecError("--tree-nodes caps the --tree shapes; give --tree too")
+    shapes = parse_tree_list(trees, tree_nodes) if trees is not None else []
+    if shapes and tui:
+        raise MlxspecError("the sweep UI shows Ks only; drop --tui to time --tree shapes")
     draft = _named_draft(draft, model)
-    options = dict(model_spec=model, draft=draft, temp=temp, top_p=top_p, prompts_file=prompts_file,
+    options = dict(model_spec=_target(model, dtype, backend, device), draft=draft, temp=temp, top_p=top_p, prompts_file=prompts_file,
                    per_category=per_category, categories=categories, max_tokens=max_tokens, warmup=warmup,
-                   repeats=repeats, seed=seed, dtype=dtype, auto=auto, remeasure_cost=remeasure_cost)
+                   repeats=repeats, seed=seed, dtype=dtype, auto=auto, remeasure_cost=remeasure_cost,
+                   **({"trees": shapes} if shapes else {}))
     if tui:
         from mlxspec.tui.sweep.app import describe, run_sweep_tui
 
@@ -846,6 +958,10 @@ def serve(
     remeasure_cost: bool = RemeasureOpt,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="Port to listen on (0: any free port)."),
+    tree: Optional[str] = TreeOpt,
+    tree_nodes: Optional[int] = TreeNodesOpt,
+    backend: str = BackendOpt,
+    device: Optional[str] = DeviceOpt,
 ) -> None:
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
     /v1/completions, streaming too) over the same engine and drafters as generate; requests are
@@ -856,8 +972,11 @@ def serve(
     SamplingParams(temp, top_p)  # refuse bad defaults before the model loads
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    from mlxspec.torchpath import backend_spec
+
+    shape = _tree_option(tree, tree_nodes, k, draft)
     options = ServeOptions(model, _named_draft(draft, model), _k_option(k, draft), temp, top_p, max_tokens, dtype,
-                           remeasure_cost, host, port)
+                           remeasure_cost, host, port, shape, backend_spec(backend, device))
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
 
@@ -881,6 +1000,8 @@ def study(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file (and, without --plot, the plots beside it)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs PREFIX-depth.png and PREFIX-entropy.png: acceptance by tree depth and by target entropy, per domain."),
+    backend: str = BackendOpt,
+    device: Optional[str] = DeviceOpt,
 ) -> None:
     """When are drafts accepted? Tree speculation over four domains with every verified node
     logged (depth, draft and target probability, target entropy, accepted), then acceptance by
@@ -902,7 +1023,7 @@ def study(
         def on_log(path: Path, before: int) -> None:
             err.print(f"[dim]log: {path}" + (f" (resuming: {before} prompts done)" if before else "") + "[/]")
 
-        result = st.run_study(model, draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
+        result = st.run_study(_target(model, dtype, backend, device), draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
                               fresh, progress, on_log=on_log, held_out=held_out)
     if as_json:
         _print_json(result.to_json())

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 # Debian/Ubuntu (libopenblas0-pthread / -openmp), Fedora, then whatever the loader finds.
 _OPENBLAS_CANDIDATES = (
@@ -29,6 +31,25 @@ class BlasStatus:
     note: str
 
 
+def _keep_torch_blas() -> None:
+    """PyTorch's CPU library carries its own BLAS (MKL) under the same symbol names as
+    OpenBLAS. Loaded after OpenBLAS went global, its float32 matmuls bind to OpenBLAS, whose
+    threads then fight torch's: 4x slower decoding here (BENCHMARKS.md §13). Loading it first,
+    privately, keeps its own; MLX still finds OpenBLAS. About 0.15 s, only where torch is
+    installed."""
+    if "torch" in sys.modules:
+        return
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    lib = Path(list(spec.submodule_search_locations)[0]) / "lib" / "libtorch_cpu.so"
+    if lib.exists():
+        try:
+            ctypes.CDLL(str(lib), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError:
+            pass  # torch then loads as usual; only its speed beside MLX suffers
+
+
 def _load_fast_blas() -> BlasStatus:
     if sys.platform == "darwin":
         return BlasStatus(None, "macOS: MLX uses Accelerate/Metal")
@@ -36,6 +57,7 @@ def _load_fast_blas() -> BlasStatus:
         return BlasStatus(None, "fast BLAS disabled by MLXSPEC_NO_BLAS=1")
     if "mlx.core" in sys.modules:
         return BlasStatus(None, "mlx was imported before mlxspec; fast BLAS could not be installed")
+    _keep_torch_blas()
     found = ctypes.util.find_library("openblas")
     for path in (*_OPENBLAS_CANDIDATES, found):
         if path and (not os.path.isabs(path) or os.path.exists(path)):  # bare sonames go to the loader
@@ -75,6 +97,17 @@ def backend_description() -> str:
         return f"MLX {mx.__version__} on {kind} GPU"
     blas = "OpenBLAS" if BLAS.library else "reference BLAS"
     return f"MLX {mx.__version__} on CPU ({blas}, {os.cpu_count()} cores)"
+
+
+def torch_description(backend: str) -> str:
+    """The torch side of a "torch:DEVICE" backend, as ``backend_description`` words MLX's."""
+    import torch
+
+    device = backend.partition(":")[2] or "cpu"
+    if device == "cpu":
+        return f"PyTorch {torch.__version__} on CPU ({torch.get_num_threads()} threads)"
+    name = torch.cuda.get_device_name() if device == "cuda" else "Apple GPU"
+    return f"PyTorch {torch.__version__} on {device.upper()} ({name})"
 
 
 DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
+from mlxspec.core.ops import ops_for
 from mlxspec.core.events import Done, Event, Status, Step
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
@@ -54,6 +55,8 @@ class ServeOptions:
     remeasure_cost: bool = False
     host: str = "127.0.0.1"
     port: int = 8080
+    tree: Any = None  # a ``TreeShape`` (--tree): every request drafts trees of it
+    backend: str = "mlx"  # or "torch[:DEVICE]" (--backend, --device)
 
 
 @dataclass(frozen=True)
@@ -387,12 +390,12 @@ class Decoder:
 
     def _run(self, options: ServeOptions, loaded: Any, log: Log | None) -> None:
         try:
-            lm, drafter, policy = _load(options, loaded, log)
+            lm, drafter, policy, tree = _load(options, loaded, log)
         except BaseException as e:  # reported by the constructor on the caller's thread
             self._failure = e
             self._ready.set()
             return
-        k = "auto" if options.k is None else options.k
+        k = f"tree {options.tree}" if options.tree is not None else "auto" if options.k is None else options.k
         self.info = ModelInfo(lm.name, lm.tokenizer, lm.context_length, drafter.name if drafter else None, k)
         self._ready.set()
         from mlxspec.core.cache import PromptCache
@@ -400,22 +403,18 @@ class Decoder:
         kept = PromptCache()  # a request that continues the last conversation prefills only what is new
         while (job := self.jobs.get()) is not None:
             self._current = job
-            self._decode(job, lm, drafter, policy, kept)
+            self._decode(job, lm, drafter, policy, kept, tree)
             self._current = None
-        import mlx.core as mx
+        ops_for(lm.model).synchronize()
 
-        mx.synchronize()
-
-    def _decode(self, job: Job, lm: Any, drafter: Any, policy: Any, kept: Any) -> None:
-        import mlx.core as mx
-
+    def _decode(self, job: Job, lm: Any, drafter: Any, policy: Any, kept: Any, tree: Any = None) -> None:
         from mlxspec.core.engine import generate
 
         if job.cancel.is_set() or self._closing.is_set():  # its client left while it queued, or we stop
             job.items.put(_END)
             return
         events = generate(lm.model, job.ids, job.params, job.max_tokens, set(lm.tokenizer.eos_token_ids),
-                          lm.context_length, job.seed, drafter=drafter, k=policy, kept=kept)
+                          lm.context_length, job.seed, drafter=drafter, k=policy, kept=kept, tree=tree)
         try:
             for ev in events:
                 job.items.put(ev)
@@ -426,21 +425,28 @@ class Decoder:
             job.items.put(e)
         finally:
             events.close()
-            mx.synchronize()  # target-only decoding leaves one step in flight when stopped early
+            ops_for(lm.model).synchronize()  # target-only decoding leaves one step in flight when stopped early
             job.items.put(_END)
 
 
-def _load(options: ServeOptions, loaded: Any, log: Log | None) -> tuple[Any, Any, Any]:
-    """The target (unless given), the drafter and the K policy, as ``generate`` makes them."""
-    from mlxspec.measure.costcurve import k_policy
+def _load(options: ServeOptions, loaded: Any, log: Log | None) -> tuple[Any, Any, Any, Any]:
+    """The target (unless given), the drafter, the K policy and the tree shape, as ``generate``
+    makes them."""
+    from mlxspec.core.drafters import can_branch
+    from mlxspec.measure.costcurve import k_policy, tree_costs
     from mlxspec.targets import loading
     from mlxspec.targets.drafts import make_drafter
 
-    lm = loaded if loaded is not None else loading.load(options.model, options.dtype)
+    lm = loaded if loaded is not None else loading.load(options.model, options.dtype, options.backend)
     drafter = make_drafter(options.draft, lm, options.dtype)
-    policy = k_policy(options.k, lm, drafter, options.remeasure_cost,
-                      **({"log": log} if log is not None else {}))
-    return lm, drafter, policy
+    say = {"log": log} if log is not None else {}
+    if options.tree is not None:
+        if drafter is None or not can_branch(drafter):
+            raise MlxspecError(f"--tree needs a drafter that can branch (a draft model, self:L, an eagle head or "
+                               f"ngram:N), not {options.draft!r}")
+        return lm, drafter, options.tree.depth, tree_costs(options.tree, lm, options.remeasure_cost, **say)
+    policy = k_policy(options.k, lm, drafter, options.remeasure_cost, **say)
+    return lm, drafter, policy, None
 
 
 # --- responses ----------------------------------------------------------------------------------

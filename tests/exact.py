@@ -24,7 +24,7 @@ float32 rounding inside the engine), which a test compares with the target's own
   ("fan"), after checking that the engine emitted the value it was given.
 
 It assumes a chain drafter (one categorical draw per draft token, in order, or none at all as
-prompt lookup) and the engine calling ``engine.rejection_verify`` once per step; anything else
+prompt lookup) and the engine calling ``ops.rejection_verify`` (``core.ops``) once per step; anything else
 fails loudly rather than giving a wrong answer. Zero-probability branches are skipped; an accept
 branch that turns out to have weight 0 ends its run early, and the reject branch of a draft the
 target keeps with certainty is never run. What this cannot see: correlations between the engine's random keys (every draw here is
@@ -42,6 +42,7 @@ import numpy as np
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 from mlxspec.core import engine
+from mlxspec.core import ops as mlx_ops
 from mlxspec.core.events import Event, Step
 
 
@@ -166,12 +167,26 @@ class _Oracle:
         u, self.uniform_values = self.uniform_values, None
         return mx.array(u.astype(np.float32))
 
+    def torch_categorical(self, logp, gen):
+        """``categorical`` for ``torchpath.sampling.categorical(logp, gen)``: the same choices."""
+        import torch
+
+        value = self.categorical(mx.array(logp.detach().cpu().double().numpy().astype(np.float32)))
+        return torch.tensor(int(np.array(value)), dtype=torch.int32)
+
+    def take_uniforms(self) -> np.ndarray:
+        """The accept uniforms the verifier chose for this step (the torch path reads them here
+        instead of patching ``torch.rand``)."""
+        if not self.in_verify or self.uniform_values is None:
+            raise EnumerationError("an unexpected uniform draw")
+        u, self.uniform_values = self.uniform_values, None
+        return u
+
     def verifier(self, inner: Callable) -> Callable:
         def verify(draft, q, p, key):
-            mx.eval(draft, p, q)  # one wait for all three
-            d = np.array(draft).astype(np.int64)
-            pn = np.array(p.astype(mx.float32), dtype=np.float64)
-            qn = None if q is None else np.array(q.astype(mx.float32), dtype=np.float64)
+            if isinstance(p, mx.array):
+                mx.eval(draft, p, q)  # one wait for all three
+            d, pn, qn = _float64(draft).astype(np.int64), _float64(p), None if q is None else _float64(q)
             u = np.full(d.shape[0], 0.5)
             accepted, rejected = 0, False
             for i, tok in enumerate(d):
@@ -203,16 +218,49 @@ class _Oracle:
         return verify
 
 
+def _float64(x) -> np.ndarray:
+    """An MLX array or a torch tensor as float64 numpy."""
+    if isinstance(x, mx.array):
+        return np.array(x.astype(mx.float32), dtype=np.float64)
+    return x.detach().cpu().double().numpy()
+
+
+def torch_engine_distribution(run: Callable[[], Iterator[Event]], horizon: int, vocab: int, monkeypatch,
+                              max_runs: int = 200_000) -> Enumeration:
+    """``engine_distribution`` for a torch target and drafter. torch's draws all go through
+    ``torchpath.sampling.categorical``, which is replaced by the enumerating one; the verifier
+    is torch's ``rejection_decide`` given the uniforms the enumeration chose, then that same
+    categorical on its residual (``rejection_verify``'s own draw is checked by sampling in
+    tests/test_torch_verify.py)."""
+    import torch
+
+    from mlxspec.torchpath import ops as torch_ops
+    from mlxspec.torchpath import sampling as torch_sampling
+    from mlxspec.torchpath import verify as torch_verify
+
+    oracle = _Oracle(horizon, vocab)
+
+    def rejection(draft, q, p, key):
+        u = torch.as_tensor(oracle.take_uniforms(), dtype=p.dtype)
+        n, residual = torch_verify.rejection_decide(draft, q, p, u)
+        return n, torch_sampling.categorical(torch.log(residual), None)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(torch_ops, "rejection_verify", oracle.verifier(rejection))
+        mp.setattr(torch_sampling, "categorical", oracle.torch_categorical)
+        return _enumerate(oracle, run, horizon, vocab, max_runs)
+
+
 def engine_distribution(run: Callable[[], Iterator[Event]], horizon: int, vocab: int, monkeypatch,
                         max_runs: int = 200_000) -> Enumeration:
     """Enumerate every path of ``run()`` (a fresh ``engine.generate`` iterator per call) through
     its random choices; return the exact distribution of its first ``horizon`` emitted tokens.
 
     ``monkeypatch`` (pytest's) installs the enumerating primitives and wraps whatever
-    ``engine.rejection_verify`` is at call time (so a test may have replaced it first)."""
+    ``ops.rejection_verify`` (``core.ops``) is at call time (so a test may have replaced it first)."""
     oracle = _Oracle(horizon, vocab)
     with monkeypatch.context() as mp:
-        mp.setattr(engine, "rejection_verify", oracle.verifier(engine.rejection_verify))
+        mp.setattr(mlx_ops, "rejection_verify", oracle.verifier(mlx_ops.rejection_verify))
         mp.setattr(mx.random, "categorical", oracle.categorical)
         mp.setattr(mx.random, "uniform", oracle.uniform)
         return _enumerate(oracle, run, horizon, vocab, max_runs)

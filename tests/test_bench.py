@@ -68,6 +68,117 @@ def test_baseline_bench_tiny_run():
     bench.print_baseline(result, Console(file=out, width=160))
     text = out.getvalue()
     assert "mlx-lm" in text and "floor" in text
+    assert data["torch"] is None
+
+
+# ----------------------------------------------------------------------------- torch columns
+
+
+def _runs(tokens):
+    return Run(list(tokens), 5, 0.1, 1.0)
+
+
+def test_time_baseline_pairs_interleaves_every_column():
+    seen = []
+
+    def run(impl, p):
+        seen.append(impl)
+        return _runs([1, 2])
+
+    cols = ("mlxspec", "mlx_lm", "torch_float32")
+    items = [{"id": i, "category": "c"} for i in range(2)]
+    pairs = bench._time_baseline_pairs(run, items, [[1], [2]], 2, None, cols)
+    assert len(pairs) == 4 and all(set(p) == set(cols) for p in pairs)
+    assert seen == [*cols, *cols[::-1], *cols, *cols[::-1]]  # reversed every other pair
+
+
+def test_first_divergence_is_earliest_per_prompt_over_repeats():
+    ref = [1, 2, 3, 4]
+    pairs = [  # repeat 1: prompts a, b; repeat 2: a, b
+        {"mlxspec": _runs(ref), "torch_bfloat16": _runs([1, 2, 9, 4])},
+        {"mlxspec": _runs(ref), "torch_bfloat16": _runs(ref)},
+        {"mlxspec": _runs(ref), "torch_bfloat16": _runs([1, 9, 9, 4])},
+        {"mlxspec": _runs(ref), "torch_bfloat16": _runs(ref)},
+    ]
+    assert bench.first_divergence(pairs, "torch_bfloat16", 2) == [1, None]
+    verdict = bench.torch_verdict(pairs, "torch_bfloat16")
+    assert verdict.kind == Kind.SAME and "torch bfloat16" in verdict.text and "1.00x" in verdict.text
+
+
+def test_torch_info_picks_the_fastest_dtype_that_agrees():
+    v = bench.Verdict(Kind.SAME, "")
+    cols = {"float32_2t": bench.TorchColumn("float32", 2, 0.8, v, [None, None], 8),
+            "bfloat16_2t": bench.TorchColumn("bfloat16", 2, 1.3, v, [None, 6], 4),
+            "float16_2t": bench.TorchColumn("float16", 2, 0.9, v, [None, None], 4),
+            "float16_1t": bench.TorchColumn("float16", 1, 0.95, v, [None, None], 4)}
+    info = bench.TorchInfo("x", "cpu", [2, 1], "PyTorch", cols)
+    assert info.fastest_exact == "float16_1t"  # bfloat16 is faster but leaves MLX's tokens
+    assert info.fastest_exact_dtype == "float16"
+    data = json.loads(json.dumps(info.to_json()))
+    assert data["columns"]["bfloat16_2t"]["agrees"] is False and data["fastest_exact"] == "float16_1t"
+    assert bench.TorchInfo("x", "cpu", [2], "PyTorch", {"bfloat16": cols["bfloat16_2t"]}).fastest_exact is None
+    assert bench.label("torch_float16_1t") == "torch float16, 1 thread"
+    assert bench.label("torch_float32_2t") == "torch float32, 2 threads" and bench.label("torch_float32") == "torch float32"
+
+
+def test_torch_columns_option(monkeypatch):
+    import importlib.util
+
+    assert bench.torch_columns(False, ["bfloat16"]) == ((), None)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    cols, note = bench.torch_columns(None)
+    assert cols == () and "not installed" in note
+    with pytest.raises(MlxspecError, match="needs PyTorch"):
+        bench.torch_columns(True)
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    pytest.importorskip("torch", reason="torch is an optional extra")
+    assert bench.torch_columns(None) == (("float32",), None)  # torchpath.default_dtype("cpu")
+    assert bench.torch_columns(True, ["auto", "bfloat16", "float32"])[0] == ("float32", "bfloat16")
+    with pytest.raises(MlxspecError, match="--torch-dtype"):
+        bench.torch_columns(True, ["int8"])
+
+
+def test_bench_cli_rejects_a_bad_torch_dtype():
+    pytest.importorskip("torch", reason="torch is an optional extra")
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "--baseline", "--torch-dtype", "int8"])
+    assert r.exit_code == 2 and "--torch-dtype int8" in r.output
+
+
+@pytest.mark.model
+def test_baseline_bench_torch_columns():
+    torch = pytest.importorskip("torch", reason="torch is an optional extra")
+    threads = torch.get_num_threads()
+    calls = []
+    result = bench.baseline_bench(prompts=["Name three colours.", "Count to five."], max_tokens=4, warmup=0,
+                                  repeats=1, torch_dtypes=("float32", "bfloat16"), torch_threads=(1,),
+                                  progress=lambda i, n, label: calls.append(label))
+    assert torch.get_num_threads() == threads  # restored
+    data = json.loads(json.dumps(result.to_json()))
+    impls = data["implementations"]
+    assert set(impls) == {"mlxspec", "mlx_lm", "torch_float32", "torch_bfloat16"}
+    for key in ("torch_float32", "torch_bfloat16"):
+        assert impls[key]["tokens_per_run"] == [4] and impls[key]["decode_tps_median"] > 0
+    t = data["torch"]
+    assert t["device"] == "cpu" and t["threads"] == [1] and set(t["columns"]) == {"float32", "bfloat16"}
+    assert t["columns"]["float32"]["threads"] == 1 and t["description"].endswith("CPU (1 thread)")
+    f32, b16 = t["columns"]["float32"], t["columns"]["bfloat16"]
+    assert f32["first_divergence"] == [None, None] and f32["agrees"] is True  # float32: MLX's tokens
+    assert len(b16["first_divergence"]) == 2
+    assert b16["weight_bytes_per_token"] * 2 == f32["weight_bytes_per_token"]  # really half precision
+    assert f32["ratio"] == pytest.approx(impls["torch_float32"]["decode_tps_median"]
+                                         / impls["mlxspec"]["decode_tps_median"])
+    assert f32["verdict"]["interval"]["pairs"] == 2 and f32["verdict"]["kind"] == "no measurable difference"
+    assert len(calls) == 8 and calls[0].startswith("mlxspec") and calls[4].startswith("torch bfloat16")
+
+    out = io.StringIO()
+    bench.print_baseline(result, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "torch float32" in text and "/ mlxspec" in text and "1 thread)" in text
 
 
 # ----------------------------------------------------------------------------- spec_bench

@@ -47,6 +47,7 @@ from scipy.stats import chisquare
 
 import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
 from mlxspec.core import engine
+from mlxspec.core import ops as mlx_ops
 from mlxspec.core.drafters import ModelDrafter, NgramDrafter
 from mlxspec.core.events import Step
 from mlxspec.core.model import Llama, LlamaConfig
@@ -220,7 +221,7 @@ def point_mass_residual_verify(draft, q, p, key):
 
 
 def test_the_check_catches_a_wrong_residual(target, draft, monkeypatch):
-    monkeypatch.setattr(engine, "rejection_verify", point_mass_residual_verify)
+    monkeypatch.setattr(mlx_ops, "rejection_verify", point_mass_residual_verify)
     params = SamplingParams(temperature=1.0)
     e = exact_engine(target, ModelDrafter(draft, "tiny"), params, 2, 3, monkeypatch)
     dist = tv(e.joint, exact_joint(target, PROMPT, params))
@@ -230,7 +231,7 @@ def test_the_check_catches_a_wrong_residual(target, draft, monkeypatch):
 
 def test_the_check_catches_a_wrong_accept_threshold(target, draft, monkeypatch):
     """Accepting with probability min(1, p/q) computed from a draft row off by one."""
-    monkeypatch.setattr(engine, "rejection_verify",
+    monkeypatch.setattr(mlx_ops, "rejection_verify",
                         lambda d, q, p, key: rejection_verify(d, None if q is None else mx.concatenate([q[1:], q[:1]]), p, key))
     params = SamplingParams(temperature=1.0)
     with pytest.raises(EnumerationError, match="threshold"):

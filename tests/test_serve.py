@@ -311,3 +311,24 @@ def test_cli_server_target_only_then_ctrl_c(cli_server, expected):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
     assert "stopping" in proc.stderr.read()
+
+
+@pytest.mark.model
+@client_tests
+def test_a_tree_server_decodes_the_targets_greedy_text(lm, expected):
+    """``serve --tree 2x2``: every request drafts trees, and greedy text is still the target's."""
+    from mlxspec.core.tree import parse_tree
+    from mlxspec.serve import start_server
+
+    server = start_server(ServeOptions(draft="ngram:3", tree=parse_tree("2x2"), port=0), loaded=lm)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        reply = client(server.url).chat.completions.create(
+            model="default", messages=[{"role": "user", "content": CHAT_PROMPT}], max_tokens=N, temperature=0)
+        assert reply.choices[0].message.content == expected[("none", CHAT)]["text"]
+        assert reply.model_extra["speculation"]["drafter"] == "ngram:3"
+        assert reply.model_extra["speculation"]["k"] == "tree 2x2"
+    finally:
+        server.shutdown()
+        server.close()

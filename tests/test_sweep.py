@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 
 import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
+from mlxspec.core.tree import parse_tree_list
 from mlxspec.core.events import Done, Status, Step, Token
 from mlxspec.errors import MlxspecError
 from mlxspec.measure import runs, sweep
@@ -239,7 +240,8 @@ def _run_auto(tps, tokens=42):
                [0.2 * r for r in rooms[:n]], [11.0 + r for r in rooms[:n]])
 
 
-def _summary(speedups: dict[int, list[float]], auto: list[float] | None = None):
+def _summary(speedups: dict[int, list[float]], auto: list[float] | None = None,
+             trees: dict[str, list[float]] | None = None):
     """The sweep's summary of scripted runs: per prompt i the target runs at a prompt-dependent
     speed, K at ``speedups[K][i]`` times it (the paired ratio the verdict rests on), and auto,
     if given, at ``auto[i]`` times it."""
@@ -251,9 +253,12 @@ def _summary(speedups: dict[int, list[float]], auto: list[float] | None = None):
         runs_by[k] = [sweep.SweepRun(k, i, "c", 0, _run(base[i] * sp, k), sp) for i, sp in enumerate(speedups[k])]
     if auto is not None:
         runs_by[None] = [sweep.SweepRun(None, i, "c", 0, _run_auto(base[i] * sp), sp) for i, sp in enumerate(auto)]
+    for shape, sps in (trees or {}).items():
+        m = sweep.tree_method(shape)
+        runs_by[m] = [sweep.SweepRun(m, i, "c", 0, _run(base[i] * sp, 3), sp) for i, sp in enumerate(sps)]
     vt = {1: [10.0] * 3, **{k + 1: [11.0 + k] * 3 for k in ks}}
     settings = sweep.SweepSettings(ks, "scripted", 0.0, 1.0, ["c"], 1, None, 40, 0, 0, 1, 0, 3,
-                                   auto_max_k=8 if auto is not None else None)
+                                   auto_max_k=8 if auto is not None else None, trees=list(trees or {}))
     header = runs.RunHeader("now", runs.Machine("p", "x", 2), "cpu", None, "0", None, "m", "float32")
     return sweep.summarise(ks, runs_by, vt, 20, header, settings, None, [{"id": i} for i in range(n)])
 
@@ -364,6 +369,60 @@ def test_sweep_auto_row_in_the_csv_and_the_plot(tmp_path):
     pytest.importorskip("matplotlib")
     png = sweep.plot_sweep(result, tmp_path / "s.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------- tree rows
+
+
+def test_sweep_tree_rows_name_the_fastest_shape_against_the_best_k():
+    trees = {"2x2": [1.60, 1.62, 1.58, 1.61, 1.63, 1.59], "auto": [1.30, 1.31, 1.29, 1.30, 1.32, 1.28]}
+    result = _summary(FIXED, trees=trees)
+    fixed = _summary(FIXED)
+    assert result.rows == fixed.rows and result.verdict[0] == fixed.verdict[0]  # the Ks are judged alone
+    assert [t.label for t in result.trees] == ["tree 2x2", "tree auto"]
+    fast, slow = result.trees
+    assert fast.is_optimum and not slow.is_optimum and fast.comparison.interval.pairs == 6
+    line = next(v for v in result.verdict if v.text.startswith("fastest tree"))
+    assert line.kind is Kind.FASTER and "fastest tree: 2x2" in line.text and "faster than the best fixed K = 2" in line.text
+    assert "--tree 2x2 beats any chain here" in line.text
+    data = json.loads(json.dumps(result.to_json()))
+    assert [r["label"] for r in data["rows"]] == ["1", "2", "tree 2x2", "tree auto"]
+    assert [(t["tree"], t["k"], t["verdict"]) for t in data["trees_vs_best"]] == [
+        ("2x2", 2, Kind.FASTER.value), ("auto", 2, Kind.SLOWER.value)]
+    assert data["settings"]["trees"] == ["2x2", "auto"]
+    out = io.StringIO()
+    sweep.print_sweep(result, Console(file=out, width=250))
+    assert "tree 2x2 ★" in out.getvalue() and "tree auto" in out.getvalue()
+    assert [x.k for x in result.runs].count("tree 2x2") == 6
+
+
+def test_sweep_tree_slower_than_a_chain_says_so():
+    result = _summary(FIXED, trees={"3x2": [1.20, 1.18, 1.22, 1.19, 1.21, 1.20]})
+    line = next(v for v in result.verdict if v.text.startswith("fastest tree"))
+    assert line.kind is Kind.SLOWER and "a chain (--k 2) is faster here" in line.text
+
+
+@pytest.mark.parametrize("text, shapes", [
+    ("2x2", ["2x2"]), ("1x1..2x2", ["1x1", "1x2", "2x1", "2x2"]), ("3x2, auto,3x2", ["3x2", "auto"]),
+])
+def test_tree_lists_and_ranges(text, shapes):
+    assert [str(t) for t in parse_tree_list(text, 8)] == shapes
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tree", "2x2..1x1"], "bad --tree range"),
+    (["--tree", "3y2"], "bad --tree '3y2'"),
+    (["--tree-nodes", "4"], "--tree-nodes caps the --tree shapes"),
+    (["--tree", "2x2", "--tui"], "the sweep UI shows Ks only"),
+])
+def test_sweep_bad_tree_options_are_one_line(args, message):
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    result = CliRunner().invoke(app, ["sweep", "--k", "1", *args])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
 
 
 # ----------------------------------------------------------------------------- a tiny real sweep

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import numpy as np
@@ -25,6 +25,7 @@ from tiny import VOCAB, lively_target, tiny_draft, tiny_target
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 from mlxspec.core import engine
+from mlxspec.core import ops as mlx_ops
 from mlxspec.core.cache import keep_rows
 from mlxspec.core.drafters import Commit, ModelDrafter, NgramDrafter, Proposal
 from mlxspec.core.drafters.eagle import EagleDrafter
@@ -35,7 +36,10 @@ from mlxspec.core.prefill import prefill
 from mlxspec.core.sampling import SamplingParams, probs
 from mlxspec.core.target import Capabilities
 from mlxspec.core.tree import (
+    AUTO_NODES,
+    GrowingTree,
     TreeShape,
+    best_node_count,
     depths,
     first_line,
     levels,
@@ -97,6 +101,45 @@ def test_structure_helpers():
 
 
 # ----------------------------------------------------------------------------- the tree pass
+
+
+def test_best_node_count_maximises_tokens_per_ms():
+    # flat costs: every node pays; steep costs: none does; in between, the likely ones
+    assert best_node_count([0.9, 0.5, 0.1], [10, 10, 10, 10]) == 3
+    assert best_node_count([0.9, 0.5, 0.1], [10, 30, 60, 90]) == 0
+    assert best_node_count([0.9, 0.5, 0.1], [10, 12, 15, 25]) == 2  # (1.9/12, 2.4/15=0.16, 2.5/25)
+    assert best_node_count([0.5, 0.5], []) == 2  # no curve: all of them
+    assert best_node_count([0.9] * 10, [10, 11, 12]) == 2  # no more than the curve covers
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_grown_trees_select_ancestor_closed_breadth_first_nodes(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    tree = GrowingTree()
+    rows = [-1]
+    for _ in range(data.draw(st.integers(1, 4))):
+        b = data.draw(st.integers(1, 3))
+        lps = np.log(rng.dirichlet(np.ones(b + 1), size=len(rows))[:, :b])
+        lps[rng.random(lps.shape) < 0.1] = -np.inf  # filtered children are never proposed
+        new = tree.add_children(rows, rng.integers(0, 50, size=lps.shape).tolist(), lps.tolist())
+        rows = tree.most_likely(new, b) or rows
+        tree.fed += [r for r in rows if r >= 0 and r not in tree.fed]
+    cap = data.draw(st.integers(1, 12))
+    chosen, parents = tree.select([], cap)
+    assert len(chosen) == min(cap, len(tree.tokens))
+    assert set(chosen) >= {a for n in chosen for a in tree.ancestors(n)}
+    assert all(p < i for i, p in enumerate(parents)) and depths(parents) == [tree.depth[n] for n in chosen]
+    best = sorted(tree.score, reverse=True)[: len(chosen)]
+    assert sorted((tree.score[n] for n in chosen), reverse=True) == best
+
+
+def test_auto_tree_parses_and_says_so():
+    shape = parse_tree("auto", 10)
+    assert shape.auto and shape.nodes == 10 and str(shape) == "auto"
+    assert parse_tree("auto").nodes == AUTO_NODES
+    with pytest.raises(ValueError, match="no fixed parents"):
+        shape.parents()
 
 
 def tree_pass_vs_chains(model: Llama, prompt: list[int], tokens: list[int], parents: tuple[int, ...],
@@ -258,7 +301,7 @@ def small():
 @settings(max_examples=25, deadline=None)
 @given(prompt=st.lists(st.integers(0, 31), min_size=1, max_size=10),
        rounds=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 12), st.integers(0, 99),
-                                 st.integers(0, 31)), min_size=1, max_size=3),
+                                 st.integers(0, 31), st.booleans()), min_size=1, max_size=3),
        layers=st.sampled_from([None, 1]))
 def test_draft_model_cache_after_any_tree_commit_matches_fresh_prefill(small, prompt, rounds, layers):
     """Whatever path the target accepts in a drafted tree, the drafter's cache plus its pending
@@ -266,8 +309,8 @@ def test_draft_model_cache_after_any_tree_commit_matches_fresh_prefill(small, pr
     d = ModelDrafter(small, "tiny", num_layers=layers)
     d.reset(prompt)
     history = list(prompt)
-    for depth, branch, cap, pick, nxt in rounds:
-        proposal = d.propose_tree(history, TreeShape(depth, branch, cap), GREEDY, None)
+    for depth, branch, cap, pick, nxt, auto in rounds:
+        proposal = d.propose_tree(history, TreeShape(depth, branch, cap, auto), GREEDY, None)
         drafted, parents = proposal.tokens.tolist(), proposal.parents or ()
         path = path_to(parents, pick % (len(drafted) + 1) - 1)
         d.commit(Commit(drafted, len(path), nxt, None, tuple(path)))
@@ -301,15 +344,15 @@ def features(target, tokens: list[int]) -> mx.array:
 
 @settings(max_examples=15, deadline=None)
 @given(prompt=st.lists(st.integers(1, VOCAB - 1), min_size=2, max_size=8),
-       rounds=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(0, 99), st.integers(1, VOCAB - 1)),
-                       min_size=1, max_size=3))
+       rounds=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(0, 99), st.integers(1, VOCAB - 1),
+                                 st.booleans()), min_size=1, max_size=3))
 def test_eagle_state_after_any_tree_commit_matches_a_fresh_run(tiny, prompt, rounds):
     head = random_head(tiny)
     d = EagleDrafter(head, "eagle")
     d.reset(prompt, features(tiny, prompt[:-1]))
     history = list(prompt)
-    for depth, branch, pick, nxt in rounds:
-        proposal = d.propose_tree(history, TreeShape(depth, branch, 10), GREEDY, None)
+    for depth, branch, pick, nxt, auto in rounds:
+        proposal = d.propose_tree(history, TreeShape(depth, branch, 10, auto), GREEDY, None)
         drafted, parents = proposal.tokens.tolist(), proposal.parents or ()
         path = path_to(parents, pick % (len(drafted) + 1) - 1)
         kept = history + [drafted[i] for i in path]
@@ -345,10 +388,13 @@ def test_greedy_tree_speculation_is_target_only(seed):
     plain = emitted(generate_plain(target.model, prompt, GREEDY, 40, set(), 512))
     side_paths = 0  # accepted paths that leave the drafter's first line: compaction moved rows
     for drafter in tree_drafters(target):
-        for shape in ("1x1", "2x2", "3x2:8", "3x3", "4x2:10", "5x1"):
+        for shape in ("1x1", "2x2", "3x2:8", "3x3", "4x2:10", "5x1", "auto:6", "auto", "auto:10:costed"):
             spec, _, cap = shape.partition(":")
-            events = list(generate(target.model, prompt, GREEDY, 40, set(), 512, 0, drafter, 4,
-                                   tree=parse_tree(spec, int(cap) if cap else None)))
+            cap, _, costed = cap.partition(":")
+            tree = parse_tree(spec, int(cap) if cap else None)
+            if costed:  # a budget that stops short of the cap on most steps
+                tree = replace(tree, costs=tuple(50.0 + 12.0 * n for n in range(tree.max_nodes + 1)))
+            events = list(generate(target.model, prompt, GREEDY, 40, set(), 512, 0, drafter, 4, tree=tree))
             assert emitted(events) == plain, (drafter.name, shape)
             for s in (e for e in events if isinstance(e, Step) and e.tree):
                 side_paths += list(s.tree.path) != first_line(s.tree.parents, -1)[: len(s.tree.path)]
@@ -548,7 +594,7 @@ def tree_engine_distribution(run: Callable, horizon: int, monkeypatch, max_runs:
     joint = np.zeros((EXACT_VOCAB,) * horizon)
     side = 0.0
     with monkeypatch.context() as mp:
-        mp.setattr(engine, "tree_sample_verify", oracle.verifier(engine.tree_sample_verify))
+        mp.setattr(mlx_ops, "tree_sample_verify", oracle.verifier(mlx_ops.tree_sample_verify))
         mp.setattr(mx.random, "categorical", oracle.categorical)
         for _ in range(max_runs):
             oracle.start_run()
@@ -599,7 +645,7 @@ def exact_pair():
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
-@pytest.mark.parametrize("spec, nodes", [("2x2", None), ("3x2", 8)])
+@pytest.mark.parametrize("spec, nodes", [("2x2", None), ("3x2", 8), ("auto", 6)])
 def test_sampled_tree_speculation_has_the_target_joint_exactly(exact_pair, monkeypatch, temperature, spec, nodes):
     target, draft = exact_pair
     params = SamplingParams(temperature=temperature)
@@ -617,8 +663,8 @@ def test_the_exact_check_sees_a_broken_tree_step(exact_pair, monkeypatch, broken
     params = SamplingParams(temperature=1.0)
     with monkeypatch.context() as mp:
         if broken == "compaction":
-            real = engine.keep_rows
-            mp.setattr(engine, "keep_rows", lambda cache, start, rows: real(cache, start, list(range(len(rows)))))
+            real = mlx_ops.keep_rows
+            mp.setattr(mlx_ops, "keep_rows", lambda cache, start, rows: real(cache, start, list(range(len(rows)))))
         else:
             mp.setattr(engine, "verify_mask", lambda parents, offset: np.tril(
                 np.ones((len(parents) + 1, offset + len(parents) + 1), dtype=bool), k=offset))

@@ -15,11 +15,11 @@ from rich.text import Text
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.events import Status, Step, Token
 from mlxspec.tui.chat.app import ChatApp
-from mlxspec.tui.chat.fake import SCRIPT, FakeSource
+from mlxspec.tui.chat.fake import SCRIPT, TREE_SCRIPT, FakeSource
 from mlxspec.tui.chat.messages import Piece, StepData, TurnResult
 from mlxspec.tui.chat.source import K_MAX, ModelSource, Settings
 from mlxspec.tui.chat.stats import Baseline, TurnStats
-from mlxspec.tui.chat.widgets import Answer, ErrorMessage, Prompt, status_style
+from mlxspec.tui.chat.widgets import Answer, ErrorMessage, Prompt, TreePanel, status_style
 
 SIZE = (120, 40)
 
@@ -315,8 +315,9 @@ def test_stop_keeps_the_partial_answer_then_chat_goes_on():
 def test_ui_thread_cost_per_step_stays_small():
     """The UI thread's CPU per verification step (drawing the answer, the panel at most every
     STATS_INTERVAL): a regression guard for tokens/s in the app vs headless (tui/chat/overhead.py).
-    About 3-4 ms here, the turn's start included; re-rendering the whole answer and a layout
-    pass on every step cost 10-15 ms before."""
+    About 11-15 ms here (2 shared cores), the turn's start included, most of it the layout pass
+    each new line of the answer costs. (The 3-6 ms once measured were of a UI that drew a turn's
+    steps only when it ended: a 0 s Textual timer never fires, see ``RENDER_DELAY``.)"""
 
     async def go():
         app, src = fake_app(script=SCRIPT * 6, delay=0.05)
@@ -330,7 +331,7 @@ def test_ui_thread_cost_per_step_stays_small():
 
     per_step = run(go())
     print(f"UI thread CPU per step: {per_step * 1e3:.1f} ms")
-    assert per_step < 0.008
+    assert per_step < 0.02
 
 
 def test_model_load_error_is_shown_and_the_app_survives():
@@ -408,6 +409,281 @@ def test_python_m_tui_takes_the_cli_option_names(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().splitlines() == ["error: --k must be in 1..64, got 0"]
 
 
+# ----------------------------------------------------------------------------- tree speculation
+def tree_settings(spec: str = "3x2", nodes: int | None = 8) -> Settings:
+    from mlxspec.core.tree import parse_tree
+
+    return Settings(draft="ngram:3", tree=parse_tree(spec, nodes))
+
+
+def tree_lines(panel: TreePanel) -> list[tuple[str, list[tuple[str, Style | str]]]]:
+    """The panel's tree as (line, [(styled text, style), ...]) with the guides' dim spans left out."""
+    from mlxspec.tui.chat.widgets import render_tree
+
+    text = render_tree(panel.step, panel.root, panel.number)
+    out = []
+    for line in text.split("\n"):
+        styled = [(line.plain[sp.start:sp.end], sp.style) for sp in line.spans
+                  if line.plain[sp.start:sp.end].strip(" │├└─●")]
+        out.append((line.plain, styled))
+    return out
+
+
+def test_tree_step_shows_in_the_panel_with_the_accepted_path():
+    """The last scripted tree step (8 nodes: " own" accepted below " its", its children refused,
+    the target's correction ".") as an indented tree: the path in the accepted colour, the
+    other branches dimmed."""
+
+    async def go():
+        app, src = fake_app(script=TREE_SCRIPT, settings=tree_settings())
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            panel = app.query_one(TreePanel)
+            assert panel.display and panel.note == "No tree yet: each step drafts a 3x2 tree of up to 8 nodes."
+            assert "No tree yet" in screen_text(app)
+            await ask(pilot, app, "What is tree speculation?")
+            await turn_done(pilot, app)
+            sent = src.requests[-1][1]
+            assert str(sent.tree) == "3x2" and sent.tree.nodes == 8 and sent.turn_k == 3
+            assert panel.step is app.stats.steps[-1] and panel.number == len(TREE_SCRIPT) == 10
+            assert panel.root == " its"  # the token the tree grew from: the step before ended on it
+
+            accepted = status_style(Status.ACCEPTED)
+            corrected = status_style(Status.CORRECTED)
+            lines = tree_lines(panel)
+            assert [plain for plain, _ in lines] == [
+                "Last step's tree (step 10)",
+                "8 nodes, 1 accepted",
+                "● ·its",
+                "├─ ·choosing",
+                "│  ├─ ·or",
+                "│  │  ├─ ·and",
+                "│  │  └─ ,",
+                "│  └─ .",
+                "└─ ·own",
+                "   ├─ ·words",
+                "   ├─ ·choice",
+                "   └─ . ◂ target (corrected)",
+            ]
+            styles = {plain.strip(" │├└─"): styled for plain, styled in lines[3:]}
+            assert styles["·own"] == [("·own", accepted)]
+            for dimmed in ["·choosing", "·or", "·and", ",", ".", "·words", "·choice"]:
+                assert styles[dimmed] == [(dimmed, "dim")], dimmed
+            assert styles[". ◂ target (corrected)"] == [(".", corrected), (" ◂ target (corrected)", "dim")]
+            # The drafter's favourite below " own" (" words", struck through in the text) is dimmed.
+            assert ("words", Status.REJECTED) in [(p.text.strip(), p.status) for p in panel.step.pieces]
+
+            screen = screen_text(app)
+            for needle in ["Last step's tree (step 10)", "└─ ·own", "   └─ . ◂ target (corrected)", "^g tree",
+                           "ngram:3 tree=3x2 · T=0", "tree           3x2 (8 nodes)", "nodes/step     8",
+                           "Accepted by tree depth", "nodes kept     29%"]:
+                assert needle in screen, needle
+            assert "fake-target float32 + ngram:3 tree=3x2" in app.sub_title
+            # The panel draws in the text's own colours: accepted (green) and corrected (orange).
+            svg = app.export_screenshot()
+            assert accepted.color.name in svg and corrected.color.name in svg
+
+            # By depth, from the script: depth 1 kept in 9 of 10 steps, depth 3 in 6.
+            assert app.stats.position_rates() == [(1, 0.9), (2, 0.8), (3, 0.6)]
+            assert app.stats.length_histogram() == [(0, 1), (1, 1), (2, 2), (3, 6)]
+
+    run(go())
+
+
+def test_tree_panel_follows_the_steps_and_the_key_toggles_it():
+    async def go():
+        app, _ = fake_app(script=TREE_SCRIPT * 3, settings=tree_settings(), delay=0.1)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            panel = app.query_one(TreePanel)
+            await ask(pilot, app, "hi")
+            await wait_for(pilot, lambda: panel.step is not None and len(app.stats.steps) >= 2)
+            # Mid-turn: the latest step drawn, never one ahead of the statistics.
+            assert panel.step is app.stats.steps[panel.number - 1]
+            assert panel.number >= 1
+            first = tree_lines(panel) if panel.number == 1 else None
+            if first is not None:  # the reply's first step grew from the prompt, nothing accepted
+                assert first[2][0] == "● (prompt)" and "Tree ◂ target (corrected)" in first[-1][0]
+
+            await pilot.press("ctrl+g")  # hide
+            assert not app.show_tree and not panel.display
+            seen = panel.number
+            await wait_for(pilot, lambda: panel.number > seen or app.running is None)
+            assert panel.number > seen  # hidden, it still keeps the latest step (drawn when shown)
+            assert "Last step's tree" not in screen_text(app)
+            await turn_done(pilot, app)
+            await pilot.press("ctrl+g")  # show again: the last step of the turn
+            await pilot.pause()
+            assert panel.display and panel.number == 3 * len(TREE_SCRIPT)
+            assert "Last step's tree (step 30)" in screen_text(app)
+
+            # ^k / ^j change the tree's depth (same branching and cap); auto K does not apply.
+            await pilot.press("ctrl+k")
+            assert (str(app.settings.tree), app.settings.tree.max_nodes) == ("4x2", 8)
+            await pilot.press("ctrl+j", "ctrl+j", "ctrl+j", "ctrl+j")
+            assert str(app.settings.tree) == "1x2"
+            await pilot.press("ctrl+o")
+            assert app.settings.k != "auto" and str(app.settings.tree) == "1x2"
+
+            await pilot.press("ctrl+n")  # a new chat forgets the last tree
+            await pilot.pause()
+            assert panel.step is None and "No tree yet" in screen_text(app)
+
+    run(go())
+
+
+def test_render_tree_from_the_prompt_to_the_end_of_the_reply_light_theme():
+    """A first step (grown from the prompt) where the target refused every node, and a last one
+    cut by a stop token (no target token: an end mark); white space shown, long tokens cut."""
+    from mlxspec.core.events import Tree
+    from mlxspec.tui.chat.widgets import render_tree
+
+    tree = Tree((1, 2, 3), (-1, -1, 0), ())
+    pieces = (Piece(" a", Status.REJECTED), Piece(" b", Status.REJECTED), Piece("Hi\n", Status.CORRECTED))
+    step = StepData(pieces, Step([], 3, 0, 1.0, 1.0, room=2, tree=tree), 0.0, (" a", "\tlong" * 5, " b"))
+    text = render_tree(step, None, 1, dark=False)
+    assert text.plain.splitlines() == ["Last step's tree (step 1)", "3 nodes, 0 accepted", "● (prompt)",
+                                       "├─ ·a", "│  └─ ·b", "├─ ⇥long⇥long⇥long⇥l…", "└─ Hi↵ ◂ target (corrected)"]
+    assert ("Hi↵", status_style(Status.CORRECTED, dark=False)) in [
+        (text.plain[sp.start:sp.end], sp.style) for sp in text.spans]
+
+    ended = StepData((Piece(" a", Status.ACCEPTED),), Step([], 3, 1, 1.0, 1.0, room=2,
+                                                           tree=Tree((1, 2, 3), (-1, -1, 0), (0,))), 0.0, (" a", " c", " b"))
+    lines = render_tree(ended, "x", 7).plain.splitlines()
+    assert lines[2:] == ["● x", "├─ ·a", "│  ├─ ·b", "│  └─ ∎ ◂ the reply ends", "└─ ·c"]
+
+
+def test_uncapped_tree_depth_key_refuses_a_tree_too_wide():
+    async def go():
+        app, _ = fake_app(script=TREE_SCRIPT, settings=tree_settings("5x2", None))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await pilot.press("ctrl+k")  # 6x2 would be 126 nodes, more than a verify pass takes
+            assert str(app.settings.tree) == "5x2" and app.settings.tree.nodes == 62
+            await pilot.press("ctrl+j")
+            assert str(app.settings.tree) == "4x2" and app.settings.tree.nodes == 30
+
+    run(go())
+
+
+def test_chain_run_shows_no_tree_panel():
+    async def go():
+        app, _ = fake_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            panel = app.query_one(TreePanel)
+            assert not panel.display
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            assert panel.step is None and "Last step's tree" not in screen_text(app)
+            assert "K              4" in screen_text(app) and "Accepted by draft position" in screen_text(app)
+            await pilot.press("ctrl+g")
+            await pilot.pause()
+            assert panel.display and panel.step is None
+            assert panel.note.startswith("No tree: this turn drafts a chain.") and "No tree: this" in screen_text(app)
+
+    run(go())
+
+
+def test_model_source_passes_the_tree_to_the_engine(monkeypatch):
+    """``ModelSource.events`` hands the engine the shape, with its depth as K (no auto-K
+    policy); a chain turn gets none."""
+    from types import SimpleNamespace
+
+    from mlxspec.core import engine
+    from mlxspec.targets import tokenizer
+
+    calls = []
+
+    def fake_generate(*args, tree=None, **kw):
+        calls.append((args[7], args[8], tree))
+        yield from ()
+
+    monkeypatch.setattr(engine, "generate", fake_generate)
+    monkeypatch.setattr(tokenizer, "encode_prompt", lambda tok, messages: [1, 2, 3])
+    monkeypatch.setattr(tokenizer, "stop_token_ids", lambda tok: {0})
+    monkeypatch.setattr("mlxspec.tui.chat.source._settle", lambda: None)
+    src = ModelSource(loaded=SimpleNamespace(tokenizer=None, model=None, context_length=64))
+    drafter = object()
+    src._drafters = {"ngram:3": drafter, "none": None}
+    settings = tree_settings()
+    list(src.events([{"role": "user", "content": "hi"}], settings))
+    list(src.events([], replace(settings, tree=None, k=5)))
+    list(src.events([], replace(settings, speculate=False)))
+    assert calls == [(drafter, 3, settings.tree), (drafter, 5, None), (None, 4, None)]
+
+
+def test_run_chat_takes_a_tree_and_refuses_it_without_a_drafter(monkeypatch):
+    from mlxspec.core.tree import parse_tree
+    from mlxspec.errors import MlxspecError
+    from mlxspec.tui.chat import app as chat_app
+
+    with pytest.raises(MlxspecError, match="--tree needs a drafter"):
+        chat_app.run_chat(draft="none", tree=parse_tree("3x2"))
+    made = []
+    monkeypatch.setattr(chat_app.ChatApp, "run", lambda self: made.append(self))
+    monkeypatch.setattr(chat_app.ChatApp, "wait_for_worker_exit", lambda self: None)
+    chat_app.run_chat(draft="ngram:3", tree=parse_tree("3x2", 8))
+    (app,) = made
+    assert str(app.settings.tree) == "3x2" and app.show_tree and not app.source.auto_k
+    assert app.settings.label == "ngram:3 tree=3x2 · T=0"
+
+
+def _one_line_error(result, pattern: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tree", "3x2", "--draft", "none"], "--tree needs a drafter, but --draft is none"),
+    (["--tree", "3y2"], r"bad --tree '3y2': expected DxB"),
+    (["--tree", "3x2", "-k", "3"], "give --k or --tree, not both"),
+    (["--tree-nodes", "8"], "--tree-nodes caps a --tree"),
+    (["--tree", "7x2"], "more than 64 nodes"),
+    (["--tree", "3x2", "--tree-nodes", "99"], r"--tree-nodes must be in 1\.\.64"),
+])
+def test_chat_cli_refuses_bad_tree_options_in_one_line(monkeypatch, args, message):
+    from typer.testing import CliRunner
+
+    import mlxspec.tui.chat.app
+    from mlxspec.cli import app
+
+    monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: pytest.fail("the UI started"))
+    _one_line_error(CliRunner().invoke(app, ["chat", *args]), message)
+
+
+def test_chat_cli_passes_the_tree(monkeypatch):
+    from typer.testing import CliRunner
+
+    import mlxspec.tui.chat.app
+    from mlxspec.cli import app
+
+    calls = []
+    monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append((a, kw)))
+    r = CliRunner().invoke(app, ["chat", "-d", "ngram:3", "--tree", "3x2", "--tree-nodes", "8"])
+    assert r.exit_code == 0, r.output
+    ((args, kw),) = calls
+    assert args[1:3] == ("ngram:3", "auto") and (str(kw["tree"]), kw["tree"].nodes) == ("3x2", 8)
+
+
+def test_python_m_tui_takes_the_tree_options(monkeypatch, capsys):
+    import mlxspec.tui.__main__ as entry
+
+    calls = []
+    monkeypatch.setattr(entry, "run_chat", lambda *a, **kw: calls.append((a, kw)))
+    assert entry.main(["-d", "ngram:2", "--tree", "2x3"]) == 0
+    assert calls[0][0][1:3] == ("ngram:2", "auto") and str(calls[0][1]["tree"]) == "2x3"
+    shown = []
+    monkeypatch.setattr(entry.ChatApp, "run", lambda self: shown.append(self))
+    assert entry.main(["--demo", "--tree", "3x2", "--tree-nodes", "8"]) == 0  # the demo scripts tree steps
+    assert shown[0].show_tree and shown[0].source.script is TREE_SCRIPT and str(shown[0].settings.tree) == "3x2"
+    assert entry.main(["--tree", "3y2"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: bad --tree '3y2': expected DxB, depth D and branching B (e.g. 3x2)")
+
+
 # ----------------------------------------------------------------------------- real model
 class Recording:
     """Wraps a source and keeps every engine event it produced."""
@@ -470,6 +746,44 @@ def test_chat_turn_on_the_real_model(lm):
     direct = [t for e in generate(lm.model, ids, SamplingParams(), 12, set(tok.eos_token_ids), lm.context_length,
                                   1, make_drafter("ngram:3", lm), 4) if isinstance(e, Step) for t in e.tokens]
     assert [(t.id, t.status) for t in direct] == [(t.id, t.status) for t in tokens]
+
+
+@pytest.mark.model
+def test_tree_turn_on_the_real_model(lm):
+    """``--tree 3x2 --tree-nodes 8`` in chat: every step's tree reaches the engine's events, the
+    panel shows the last one with its nodes decoded by the tokenizer, and the tokens are the
+    headless engine's."""
+    from mlxspec.core.engine import generate
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.targets.drafts import make_drafter
+    from mlxspec.targets.tokenizer import encode_prompt
+
+    prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat."
+    settings = replace(tree_settings("3x2", 8), max_tokens=12)
+
+    async def go():
+        src = Recording(ModelSource(loaded=lm, baseline_tokens=0))
+        app = ChatApp(src, settings)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, prompt)
+            await turn_done(pilot, app)
+            return app, src, app.query_one(TreePanel), screen_text(app)
+
+    app, src, panel, screen = run(go())
+    app.wait_for_worker_exit()
+    steps = [e for e in src.events_seen if isinstance(e, Step)]
+    trees = [i for i, s in enumerate(steps) if s.tree is not None]  # none where ngram finds nothing
+    assert trees and all(len(steps[i].tree.tokens) <= 8 for i in trees)
+    assert panel.step.step is steps[trees[-1]] and panel.number == trees[-1] + 1
+    tok = lm.tokenizer
+    assert panel.step.nodes == tuple(tok.decode([t]) for t in steps[trees[-1]].tree.tokens)
+    assert "Last step's tree" in screen and "tree=3x2" in app.sub_title
+    ids = encode_prompt(tok, [{"role": "user", "content": prompt}])
+    direct = [t for e in generate(lm.model, ids, SamplingParams(), 12, set(tok.eos_token_ids), lm.context_length,
+                                  1, make_drafter("ngram:3", lm), 3, tree=settings.tree)
+              if isinstance(e, Step) for t in e.tokens]
+    assert [(t.id, t.status) for t in direct] == [(t.id, t.status) for s in steps for t in s.tokens]
 
 
 @pytest.mark.model

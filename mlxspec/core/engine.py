@@ -1,7 +1,8 @@
 """The decoding loop. Yields ``Step`` events as tokens are committed, then one ``Done``.
 
 MLX is lazy: each step builds its graph and the host waits once, for the values the next
-decision needs.
+decision needs. The loop calls its arrays' operations through ``ops`` (``core.ops`` for MLX,
+``torchpath.ops`` for a torch target), so the same loop drives either backend.
 """
 
 from __future__ import annotations
@@ -9,17 +10,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import mlx.core as mx
+from types import ModuleType
+from typing import Any
 
-from mlxspec.core.cache import PromptCache, check_trimmable, keep_rows
+from mlxspec.core.cache import PromptCache, check_trimmable
 from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal, can_branch
 from mlxspec.core.events import Done, Event, NodeStats, Status, Step, Token, Tree
-from mlxspec.core.prefill import prefill
-from mlxspec.core.sampling import SamplingParams, logprobs, probs, sample
+from mlxspec.core.ops import ops_for
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.target import Target
 from mlxspec.core.tree import TreeShape, first_line, path_to, verify_mask, verify_positions
-from mlxspec.core.verify import (greedy_verify, pad_vocab, rejection_verify, tree_greedy_verify,
-                                 tree_sample_verify)
 from mlxspec.errors import MlxspecError
 
 # A recurrent target (Mamba-style state) still decodes, one token at a time.
@@ -51,26 +51,27 @@ def generate_plain(
     """Target-only decoding. The next token is computed while the host handles the current one
     (``async_eval``), as mlx-lm does; the one extra step at the end is discarded. ``kept``: a
     cache from an earlier call to reuse, and to leave this call's cache in."""
+    ops = ops_for(model)
     limit, at_limit = _token_budget(prompt, max_tokens, context)
     cache, n_kept = kept.take(prompt[:-1], False) if kept else (None, 0)
     cache = cache if cache is not None else model.make_cache()
-    key = mx.random.key(seed)
+    key = ops.key(seed)
 
-    def step(logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+    def step(logits: Any, key: Any) -> tuple[Any, Any]:
         if params.greedy:  # no randomness: skip the key split and its evaluation
-            return sample(logits, params, None), key
-        key, sub = mx.random.split(key)
-        return sample(logits, params, sub), key
+            return ops.sample(logits, params, None), key
+        key, sub = ops.split(key, 2)
+        return ops.sample(logits, params, sub), key
 
     t0 = time.perf_counter()
-    y, key = step(prefill(model, cache, prompt[n_kept:]), key)
-    mx.async_eval(y, key)
+    y, key = step(ops.prefill(model, cache, prompt[n_kept:]), key)
+    ops.async_evaluate(y, key)
     n, reason, t_first, t_prev = 0, at_limit, None, None
     fed = list(prompt)  # what the cache holds once the pass in flight is done
     try:
         while n < limit:
             nxt, key = step(model(y.reshape(1, 1), cache)[0, -1], key)
-            mx.async_eval(nxt, key)
+            ops.async_evaluate(nxt, key)
             tok = y.item()
             fed.append(tok)
             now = time.perf_counter()
@@ -90,12 +91,12 @@ def generate_plain(
         if kept is not None:
             kept.keep(cache, fed)
     end = time.perf_counter()
-    mx.synchronize()  # the speculative next step is still running; finish it before we return
+    ops.synchronize()  # the speculative next step is still running; finish it before we return
     yield Done(len(prompt), n, prefill_s=t_first - t0, decode_s=end - t_first, stop_reason=reason, steps=n)
 
 
-def _start(model: Target, drafter: Drafter, prompt: list[int],
-           kept: PromptCache | None) -> tuple[list, mx.array | None]:
+def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
+           kept: PromptCache | None) -> tuple[list, Any]:
     """Prefill the target with all but the last prompt token (only those ``kept`` does not
     hold already), and the drafter with the prompt (and the target's hidden states of those
     tokens if it reads them). Returns the cache and those hidden states."""
@@ -105,62 +106,47 @@ def _start(model: Target, drafter: Drafter, prompt: list[int],
     cache = check_trimmable(model.make_cache() if cache is None else cache, "the target", NOT_TRIMMABLE_HINT)
     hidden = kept.hidden[:n] if n and want else None
     if len(head) > n:
-        out = prefill(model, cache, head[n:], return_hidden=want)
+        out = ops.prefill(model, cache, head[n:], return_hidden=want)
         if want:
-            hidden = out[1] if hidden is None else mx.concatenate([hidden, out[1]])
-        mx.eval([c.state for c in cache], hidden)
+            hidden = out[1] if hidden is None else ops.concatenate([hidden, out[1]])
+        ops.evaluate([c.state for c in cache], hidden)
     drafter.reset(prompt, hidden)
     return cache, hidden
 
 
-def _verify(model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
-            key: mx.array, want_hidden: bool) -> tuple[mx.array, mx.array, mx.array | None, mx.array]:
+def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
+            key: Any, want_hidden: bool) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, d_1..d_m]: how many drafts it keeps, its next token, and its
     hidden states and logits of the pass (lazy)."""
     draft = proposal.tokens
-    out = model(mx.concatenate([mx.array([y], mx.int32), draft])[None], cache,
+    out = model(ops.concatenate([ops.tokens([y]), draft])[None], cache,
                 **({"return_hidden": True} if want_hidden else {}))
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
     if params.greedy:
-        n_acc, nxt = greedy_verify(draft, logits)
+        n_acc, nxt = ops.greedy_verify(draft, logits)
     else:
-        p = probs(logits, params)
-        n_acc, nxt = rejection_verify(draft, pad_vocab(proposal.q, p.shape[-1]), p, key)
+        p = ops.probs(logits, params)
+        n_acc, nxt = ops.rejection_verify(draft, ops.pad_vocab(proposal.q, p.shape[-1]), p, key)
     return n_acc, nxt, hidden, logits
 
 
-def _verify_tree(model: Target, cache: list, offset: int, y: int, proposal: Proposal, params: SamplingParams,
-                 key: mx.array, want_hidden: bool) -> tuple[mx.array, mx.array, mx.array | None, mx.array]:
+def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: int, proposal: Proposal,
+                 params: SamplingParams, key: Any, want_hidden: bool) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, tree nodes], ``offset`` committed tokens cached before y: the
     last accepted node (-1: none), the next token and the hidden states and logits of the pass
     (lazy).
     Each node sees the context and its ancestors only, at the position its depth gives it."""
     parents = proposal.parents
     mask, positions = verify_mask(parents, offset), verify_positions(parents, offset)
-    out = model(mx.concatenate([mx.array([y], mx.int32), proposal.tokens])[None], cache,
-                mask=mx.array(mask), positions=mx.array(positions),
+    out = model(ops.concatenate([ops.tokens([y]), proposal.tokens])[None], cache,
+                mask=ops.from_numpy(mask), positions=ops.from_numpy(positions),
                 **({"return_hidden": True} if want_hidden else {}))
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
     if params.greedy:
-        last, nxt = tree_greedy_verify(proposal.tokens, parents, logits)
+        last, nxt = ops.tree_greedy_verify(proposal.tokens, parents, logits)
     else:
-        last, nxt = tree_sample_verify(proposal.tokens, parents, probs(logits, params), key)
+        last, nxt = ops.tree_sample_verify(proposal.tokens, parents, ops.probs(logits, params), key)
     return last, nxt, hidden, logits
-
-
-def _node_stats(logits: mx.array, tokens: mx.array, parents: tuple[int, ...],
-                params: SamplingParams) -> tuple[mx.array, mx.array, mx.array]:
-    """Per node (lazy), from the verify pass's logits over [y, nodes]: the entropy of the
-    target's distribution at its parent's row, that distribution's probability of the node's
-    token, and its argmax (``events.NodeStats``)."""
-    lp = logits.astype(mx.float32)
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
-    rows = mx.array([p + 1 for p in parents], mx.int32)
-    at_parent = lp[rows]
-    p = mx.exp(at_parent)
-    entropy = -mx.where(p > 0, p * at_parent, 0.0).sum(axis=-1)
-    picked = mx.take_along_axis(at_parent, tokens.astype(mx.int32)[:, None], axis=-1)[:, 0]
-    return entropy, mx.exp(picked), mx.argmax(at_parent, axis=-1)
 
 
 def _check_tree(model: Target, drafter: Drafter, shape: TreeShape, prompt: list[int], context: int) -> None:
@@ -178,7 +164,7 @@ def _check_tree(model: Target, drafter: Drafter, shape: TreeShape, prompt: list[
                            f"after the {len(prompt)}-token prompt; use a smaller --tree or --tree-nodes")
 
 
-def _stats_of(stats: tuple, node_q: mx.array | None) -> NodeStats | None:
+def _stats_of(stats: tuple, node_q: Any) -> NodeStats | None:
     """The evaluated ``_node_stats`` (and the drafter's probabilities) as plain values."""
     if not stats:
         return None
@@ -186,13 +172,13 @@ def _stats_of(stats: tuple, node_q: mx.array | None) -> NodeStats | None:
     return NodeStats(entropy, p_target, top, None if node_q is None else tuple(node_q.tolist()))
 
 
-def _rows_of(hidden: mx.array | None, path: list[int]) -> mx.array | None:
+def _rows_of(ops: ModuleType, hidden: Any, path: list[int]) -> Any:
     """The hidden states of y and the accepted nodes, out of a pass over [y, drafts]."""
     if hidden is None:
         return None
     if path == list(range(len(path))):
         return hidden[: len(path) + 1]
-    return hidden[mx.array([0] + [1 + i for i in path])]
+    return hidden[ops.tokens([0] + [1 + i for i in path])]
 
 
 def _step_tokens(kept: list[int], refused: list[int], y: int, stop_ids: set[int], budget: int) -> tuple[list[Token], bool]:
@@ -247,18 +233,19 @@ def generate(
     if tree is not None:
         _check_tree(model, drafter, tree, prompt, context)
     policy = FixedK(k) if isinstance(k, int) else k
+    ops = ops_for(model)
     t0 = time.perf_counter()
-    cache, prompt_hidden = _start(model, drafter, prompt, kept)
+    cache, prompt_hidden = _start(ops, model, drafter, prompt, kept)
     history, y = list(prompt), prompt[-1]
     # the hidden states of what the cache holds, for ``kept``, when the drafter reads them
     held_hidden = [prompt_hidden] if kept is not None and prompt_hidden is not None else None
-    key = mx.random.key(seed)
+    key = ops.key(seed)
     emitted, accepted_lengths = 0, []
     t_first = None
 
     try:
         while emitted < limit:
-            key, draft_key, verify_key = mx.random.split(key, 3)
+            key, draft_key, verify_key = ops.split(key, 3)
             # Never draft past what may still be emitted: the verify pass adds one token itself.
             room = max(0, min(tree.depth if tree else policy.next_k(), limit - emitted - 1))
 
@@ -268,26 +255,26 @@ def generate(
             else:
                 proposal = drafter.propose_tree(history, tree.cut(room), params, draft_key,
                                                 **({"draft_probs": True} if node_stats else {}))
-            mx.eval(proposal.tokens, proposal.q, proposal.node_q)  # a sync of its own only so draft and verify time are reported apart
+            ops.evaluate(proposal.tokens, proposal.q, proposal.node_q)  # a sync of its own only so draft and verify time are reported apart
             t_drafted = time.perf_counter()
 
             # decided: how many drafts a chain keeps, or the last accepted node of a tree
             if proposal.is_chain:
-                decided, nxt, hidden, logits = _verify(model, cache, y, proposal, params, verify_key,
+                decided, nxt, hidden, logits = _verify(ops, model, cache, y, proposal, params, verify_key,
                                                        drafter.wants_hidden)
             else:
-                decided, nxt, hidden, logits = _verify_tree(model, cache, len(history) - 1, y, proposal, params,
-                                                            verify_key, drafter.wants_hidden)
-            stats = _node_stats(logits, proposal.tokens, proposal.parents, params) if node_stats and proposal.parents else ()
-            mx.eval(decided, nxt, *stats)
+                decided, nxt, hidden, logits = _verify_tree(ops, model, cache, len(history) - 1, y, proposal,
+                                                            params, verify_key, drafter.wants_hidden)
+            stats = ops.node_stats(logits, proposal.tokens, proposal.parents, params) if node_stats and proposal.parents else ()
+            ops.evaluate(decided, nxt, *stats)
             path = list(range(decided.item())) if proposal.is_chain else path_to(proposal.parents, decided.item())
             t_verified = time.perf_counter()
 
             drafted, n, y = proposal.tokens.tolist(), len(path), nxt.item()
-            keep_rows(cache, len(history), path)  # y stays; of the drafts, the accepted path
+            ops.keep_rows(cache, len(history), path)  # y stays; of the drafts, the accepted path
             policy.observe(len(drafted), n)
             policy.observe_timing((t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3, len(drafted))
-            kept_hidden = _rows_of(hidden, path)
+            kept_hidden = _rows_of(ops, hidden, path)
             drafter.commit(Commit(drafted, n, y, kept_hidden, None if proposal.is_chain else tuple(path)))
             if held_hidden is not None:
                 held_hidden.append(kept_hidden)
@@ -313,7 +300,7 @@ def generate(
         raise
     finally:  # also when the consumer stops early: at every yield the cache holds history[:-1]
         if kept is not None:
-            kept.keep(cache, history[:-1], mx.concatenate(held_hidden) if held_hidden else None)
+            kept.keep(cache, history[:-1], ops.concatenate(held_hidden) if held_hidden else None)
 
     end = time.perf_counter()
     yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),

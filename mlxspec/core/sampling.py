@@ -64,3 +64,26 @@ def sample(logits: mx.array, params: SamplingParams, key: mx.array | None) -> mx
     if params.greedy:
         return mx.argmax(logits, axis=-1).astype(mx.int32)
     return mx.random.categorical(logprobs(logits, params), key=key).astype(mx.int32)
+
+
+def top_children(logits: mx.array, branch: int) -> mx.array:
+    """(n, V) logits -> (n, branch) the most likely tokens of each row, best first, distinct."""
+    top = mx.argpartition(-logits, kth=branch - 1, axis=-1)[:, :branch]
+    order = mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1)
+    return mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
+
+
+def node_probs(logits: mx.array, rows: mx.array, picked: mx.array, params: SamplingParams) -> mx.array:
+    """The probability of each picked child under its parent's row of ``logits``: the softmax
+    when greedy, the sampling distribution otherwise (as ``NodeStats``)."""
+    lp = logits.astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
+    return mx.exp(lp[rows, picked])
+
+
+def child_logprobs(logits: mx.array, top: mx.array, params: SamplingParams) -> mx.array:
+    """(n, V) logits, (n, B) picked columns -> (n, B) each pick's log-probability under its
+    row: the softmax when greedy, the sampling distribution otherwise (-inf where filtered)."""
+    lp = logits.astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
+    return mx.take_along_axis(lp, top.astype(mx.int32), axis=-1)

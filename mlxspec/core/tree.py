@@ -1,5 +1,5 @@
-"""Token trees: the static shapes a drafter branches into, and the mask and positions one
-forward pass over tree nodes needs.
+"""Token trees: the shapes a drafter branches into (static ``DxB``, or grown by draft
+probability, ``auto``), and the mask and positions one forward pass over tree nodes needs.
 
 A tree is its ``parents``: node i's parent is node ``parents[i]``, or -1 for a child of the root
 (the last committed token, which a verify pass feeds first). Parents come before their
@@ -24,19 +24,32 @@ from mlxspec.errors import MlxspecError
 MAX_TREE_DEPTH = 64  # as MAX_K: a tree is never deeper than the longest chain
 MAX_TREE_BRANCH = 16
 MAX_TREE_NODES = 64  # the widest verify pass a tree may ask for
+# --tree auto: levels drafted, nodes expanded per level (each into this many children), and the
+# most nodes verified when --tree-nodes does not say.
+AUTO_DEPTH, AUTO_BRANCH, AUTO_NODES = 5, 3, 16
 
 
 @dataclass(frozen=True)
 class TreeShape:
     """``--tree DxB``: every node expands into its top-``branch`` children, ``depth`` levels
     deep, breadth first until ``max_nodes`` nodes (the last level may be cut short; the most
-    likely nodes come first in it)."""
+    likely nodes come first in it).
+
+    ``--tree auto`` (``auto``), as EAGLE-2 grows its trees: at each of ``depth`` levels the
+    ``branch`` nodes with the highest draft path probability expand into their top-``branch``
+    children; then the verify pass takes the most likely nodes, as many as pay for their cost:
+    ``costs[n]`` is the ms of a target pass over n + 1 tokens (the measured verify-cost curve,
+    ``best_node_count``). Without costs it takes ``max_nodes``."""
 
     depth: int
     branch: int
     max_nodes: int
+    auto: bool = False
+    costs: tuple[float, ...] = ()
 
     def parents(self) -> tuple[int, ...]:
+        if self.auto:
+            raise ValueError("an auto tree has no fixed parents: it grows with the draft's probabilities")
         parents: list[int] = []
         level = [-1]
         for _ in range(self.depth):
@@ -52,14 +65,15 @@ class TreeShape:
 
     @property
     def nodes(self) -> int:
-        return len(self.parents())
+        """Nodes a verify pass takes at most."""
+        return self.max_nodes if self.auto else len(self.parents())
 
     def cut(self, depth: int) -> TreeShape:
         """The same shape no deeper than ``depth`` (near the token limit)."""
         return replace(self, depth=max(0, min(self.depth, depth)))
 
     def __str__(self) -> str:
-        return f"{self.depth}x{self.branch}"
+        return "auto" if self.auto else f"{self.depth}x{self.branch}"
 
 
 def full_size(depth: int, branch: int) -> int:
@@ -67,23 +81,45 @@ def full_size(depth: int, branch: int) -> int:
 
 
 def parse_tree(spec: str, max_nodes: int | None = None) -> TreeShape:
-    """``"DxB"`` (and ``--tree-nodes``) -> a checked ``TreeShape``; without ``max_nodes`` the
-    whole tree, which must then fit in one verify pass."""
+    """``"DxB"`` or ``"auto"`` (and ``--tree-nodes``) -> a checked ``TreeShape``; without
+    ``max_nodes`` the whole tree, which must then fit in one verify pass (auto: ``AUTO_NODES``)."""
+    if max_nodes is not None and not 1 <= max_nodes <= MAX_TREE_NODES:
+        raise MlxspecError(f"--tree-nodes must be in 1..{MAX_TREE_NODES}, got {max_nodes}")
+    if spec.strip() == "auto":
+        return TreeShape(AUTO_DEPTH, AUTO_BRANCH, max_nodes or AUTO_NODES, auto=True)
     m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
     if m is None:
-        raise MlxspecError(f"bad --tree {spec!r}: expected DxB, depth D and branching B (e.g. 3x2)")
+        raise MlxspecError(f"bad --tree {spec!r}: expected DxB, depth D and branching B (e.g. 3x2), or auto")
     depth, branch = int(m[1]), int(m[2])
     if not 1 <= depth <= MAX_TREE_DEPTH:
         raise MlxspecError(f"bad --tree {spec!r}: depth must be in 1..{MAX_TREE_DEPTH}, got {depth}")
     if not 1 <= branch <= MAX_TREE_BRANCH:
         raise MlxspecError(f"bad --tree {spec!r}: branching must be in 1..{MAX_TREE_BRANCH}, got {branch}")
-    if max_nodes is not None and not 1 <= max_nodes <= MAX_TREE_NODES:
-        raise MlxspecError(f"--tree-nodes must be in 1..{MAX_TREE_NODES}, got {max_nodes}")
     size = min(full_size(depth, branch), MAX_TREE_NODES + 1)  # no huge powers for 64x16
     if max_nodes is None and size > MAX_TREE_NODES:
         raise MlxspecError(f"--tree {depth}x{branch} has more than {MAX_TREE_NODES} nodes, more than one verify "
                            f"pass takes; cap it with --tree-nodes N (N <= {MAX_TREE_NODES})")
     return TreeShape(depth, branch, size if max_nodes is None else max_nodes)
+
+
+def parse_tree_list(text: str, max_nodes: int | None = None) -> list[TreeShape]:
+    """``mlxspec sweep --tree``: shapes as a list ("2x2,3x2,auto"), ranges of both dimensions
+    ("1x1..4x2": every DxB with D in 1..4 and B in 1..2) or both; in order, without repeats."""
+    shapes: list[TreeShape] = []
+    for part in (p.strip() for p in text.split(",")):
+        lo, sep, hi = part.partition("..")
+        if not sep:
+            found = [parse_tree(part, max_nodes)]
+        else:
+            a, b = parse_tree(lo, max_nodes), parse_tree(hi, max_nodes)
+            if a.auto or b.auto or a.depth > b.depth or a.branch > b.branch:
+                raise MlxspecError(f"bad --tree range {part!r}: expected DxB..DxB, smaller first (e.g. 1x1..4x2)")
+            found = [parse_tree(f"{d}x{br}", max_nodes) for d in range(a.depth, b.depth + 1)
+                     for br in range(a.branch, b.branch + 1)]
+        shapes += [t for t in found if t not in shapes]
+    if not shapes:
+        raise MlxspecError("--tree names no shapes")
+    return shapes
 
 
 # ----------------------------------------------------------------------------- structure
@@ -157,3 +193,83 @@ def verify_positions(parents: Sequence[int], offset: int) -> np.ndarray:
     """Positions of [y, nodes]: y at ``offset``, a node at ``offset`` + its depth, where the
     same token would sit if its branch were decoded as a chain."""
     return np.array([offset] + [offset + d for d in depths(parents)], dtype=np.int32)
+
+
+# ----------------------------------------------------------------------------- auto trees
+
+
+def best_node_count(probs: Sequence[float], costs: Sequence[float]) -> int:
+    """How many of the candidate nodes to verify, given their path probabilities ``probs``
+    (the draft's estimate that the target keeps each, most likely first) and ``costs[n]``, the
+    ms of a pass over n + 1 tokens: the n that maximises expected tokens per ms,
+    (1 + probs[0] + ... + probs[n-1]) / costs[n]. All of them when there are no costs."""
+    if not costs:
+        return len(probs)
+    n_max = min(len(probs), len(costs) - 1)
+    gain = np.concatenate([[1.0], 1.0 + np.cumsum(probs[:n_max])])
+    return int(np.argmax(gain / np.asarray(costs[: n_max + 1], dtype=np.float64)))
+
+
+class GrowingTree:
+    """The host-side bookkeeping of an ``auto`` tree while a drafter grows it: nodes in the
+    order they are made (id), each with its token, parent id (-1: the root), depth and path
+    log-probability; ``fed`` the ids the drafter has run through its model, in order (its
+    cache rows after the committed context)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parent: list[int] = []
+        self.depth: list[int] = []
+        self.score: list[float] = []
+        self.node_p: list[float] = []
+        self.fed: list[int] = []
+
+    def add_children(self, parents: Sequence[int], tokens: Sequence[Sequence[int]],
+                     logprobs: Sequence[Sequence[float]]) -> list[int]:
+        """Children ``tokens[r]`` (with their log-probabilities under the parent) of each node
+        ``parents[r]``; returns the new ids."""
+        new = []
+        for par, toks, lps in zip(parents, tokens, logprobs):
+            base, d = (0.0, 0) if par < 0 else (self.score[par], self.depth[par])
+            for tok, lp in zip(toks, lps):
+                if not np.isfinite(lp):  # outside the drafter's vocabulary or filtered: never proposed
+                    continue
+                new.append(len(self.tokens))
+                self.tokens.append(int(tok))
+                self.parent.append(par)
+                self.depth.append(d + 1)
+                self.score.append(base + float(lp))
+                self.node_p.append(float(np.exp(lp)))
+        return new
+
+    def most_likely(self, ids: Sequence[int], n: int) -> list[int]:
+        """The ``n`` of ``ids`` with the highest path probability (ties: made first)."""
+        return sorted(ids, key=lambda i: (-self.score[i], i))[:n]
+
+    def ancestors(self, node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parent[node]
+        return out
+
+    def feed_mask(self, batch: Sequence[int], context: int) -> np.ndarray:
+        """Boolean (len(batch), context + len(fed) + len(batch)) mask to run ``batch`` after
+        the fed nodes: each sees the context, its fed ancestors and itself."""
+        rows = []
+        order = list(self.fed) + list(batch)
+        for node in batch:
+            mine = set(self.ancestors(node))
+            rows.append([True] * context + [i in mine for i in order])
+        return np.array(rows, dtype=bool)
+
+    def select(self, costs: Sequence[float], max_nodes: int) -> tuple[list[int], tuple[int, ...]]:
+        """The nodes to verify (ids, breadth first) and their parents as proposal indices: the
+        most likely ones, as many as ``best_node_count`` finds worth their cost, at most
+        ``max_nodes``. A path's probability never exceeds its parent's, so the most likely
+        nodes (ties to the shallower) always include their ancestors."""
+        ranked = sorted(range(len(self.tokens)), key=lambda i: (-self.score[i], self.depth[i], i))[:max_nodes]
+        n = best_node_count([float(np.exp(self.score[i])) for i in ranked], costs)
+        chosen = sorted(ranked[:n], key=lambda i: (self.depth[i], i))
+        index = {node: j for j, node in enumerate(chosen)}
+        return chosen, tuple(index[self.parent[i]] if self.parent[i] >= 0 else -1 for i in chosen)

@@ -25,7 +25,7 @@ import numpy as np
 from mlxspec.core.tree import ancestry
 
 # Below this total the residual max(0, p - q) is rounding noise, not a distribution.
-_MIN_RESIDUAL_MASS = 1e-12
+MIN_RESIDUAL_MASS = 1e-12
 
 
 def _leading_true(mask: mx.array) -> mx.array:
@@ -46,6 +46,54 @@ def greedy_verify(draft: mx.array, target_logits: mx.array) -> tuple[mx.array, m
     return n_accepted, next_token
 
 
+def _residual_decision(
+    draft: mx.array, q: mx.array | None, p: mx.array, u: mx.array
+) -> tuple[mx.array, mx.array]:
+    """``rejection_decide`` with the residual row left unnormalised, as ``rejection_verify``
+    samples it (normalising first would change the draw's rounding)."""
+    draft = draft.astype(mx.int32)
+    p = p.astype(mx.float32)
+    num_draft, vocab = draft.shape[0], p.shape[-1]
+
+    p_draft = mx.take_along_axis(p[:-1], draft[:, None], axis=-1)[:, 0]
+    if q is None:
+        q = (mx.arange(vocab)[None, :] == draft[:, None]).astype(mx.float32)
+        q_draft = mx.ones((num_draft,), dtype=mx.float32)
+    else:
+        q = q.astype(mx.float32)
+        q_draft = mx.take_along_axis(q, draft[:, None], axis=-1)[:, 0]
+
+    # u < p/q written without a division. When p >= q the token is always kept (this also
+    # covers q(d) == 0, which a real drafter cannot propose), unless p(d) == 0: the target
+    # must never emit a token it gives zero probability.
+    accepted = mx.where(p_draft >= q_draft, p_draft > 0, u * q_draft < p_draft)
+    n_accepted = _leading_true(accepted)
+
+    # A zero draft row at K makes the residual there p_K itself: the bonus token.
+    q = mx.concatenate([q, mx.zeros((1, vocab), dtype=mx.float32)], axis=0)
+    p_row, q_row = mx.take(p, n_accepted, axis=0), mx.take(q, n_accepted, axis=0)
+    residual = mx.maximum(p_row - q_row, 0.0)
+    # An empty residual only arises when p ~= q up to rounding (so a rejection is nearly
+    # impossible) or from unnormalised inputs; sampling p then avoids log(0) everywhere and
+    # still never emits a token with p == 0.
+    residual = mx.where(residual.sum() > MIN_RESIDUAL_MASS, residual, p_row)
+    return n_accepted, residual
+
+
+def rejection_decide(
+    draft: mx.array, q: mx.array | None, p: mx.array, u: mx.array
+) -> tuple[mx.array, mx.array]:
+    """The speculative-sampling decision for given uniforms ``u`` (K,) in [0, 1), apart from
+    the draw, so it can be held against ``rejection_decide_reference``.
+
+    Arguments as in ``rejection_verify``. Returns (n_accepted, residual_row): an int32 scalar
+    and the normalised distribution the next token is drawn from, norm(max(0, p_n - q_n)) at
+    the first rejection n or p_K when all K are kept (p_n itself if the residual is empty).
+    """
+    n_accepted, residual = _residual_decision(draft, q, p, u)
+    return n_accepted, residual / residual.sum()
+
+
 def rejection_verify(
     draft: mx.array, q: mx.array | None, p: mx.array, key: mx.array
 ) -> tuple[mx.array, mx.array]:
@@ -59,34 +107,9 @@ def rejection_verify(
     drawn from norm(max(0, p_n - q_n)); if all K are accepted it is a bonus token from p_K.
     The result is a pure function of the inputs and ``key``.
     """
-    draft = draft.astype(mx.int32)
-    p = p.astype(mx.float32)
-    num_draft, vocab = draft.shape[0], p.shape[-1]
     accept_key, sample_key = mx.random.split(key)
-
-    p_draft = mx.take_along_axis(p[:-1], draft[:, None], axis=-1)[:, 0]
-    if q is None:
-        q = (mx.arange(vocab)[None, :] == draft[:, None]).astype(mx.float32)
-        q_draft = mx.ones((num_draft,), dtype=mx.float32)
-    else:
-        q = q.astype(mx.float32)
-        q_draft = mx.take_along_axis(q, draft[:, None], axis=-1)[:, 0]
-
-    # u < p/q written without a division. When p >= q the token is always kept (this also
-    # covers q(d) == 0, which a real drafter cannot propose), unless p(d) == 0: the target
-    # must never emit a token it gives zero probability.
-    u = mx.random.uniform(shape=(num_draft,), key=accept_key)
-    accepted = mx.where(p_draft >= q_draft, p_draft > 0, u * q_draft < p_draft)
-    n_accepted = _leading_true(accepted)
-
-    # A zero draft row at K makes the residual there p_K itself: the bonus token.
-    q = mx.concatenate([q, mx.zeros((1, vocab), dtype=mx.float32)], axis=0)
-    p_row, q_row = mx.take(p, n_accepted, axis=0), mx.take(q, n_accepted, axis=0)
-    residual = mx.maximum(p_row - q_row, 0.0)
-    # An empty residual only arises when p ~= q up to rounding (so a rejection is nearly
-    # impossible) or from unnormalised inputs; sampling p then avoids log(0) everywhere and
-    # still never emits a token with p == 0.
-    residual = mx.where(residual.sum() > _MIN_RESIDUAL_MASS, residual, p_row)
+    u = mx.random.uniform(shape=(draft.shape[0],), key=accept_key)
+    n_accepted, residual = _residual_decision(draft, q, p, u)
     next_token = mx.random.categorical(mx.log(residual), key=sample_key).astype(mx.int32)
     return n_accepted, next_token
 
@@ -149,6 +172,30 @@ def rejection_output_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     # Mirror rejection_verify: an empty residual falls back to p (then reject_prob is 0 anyway).
     rejected = residual / mass if mass > 0 else p
     return kept + reject_prob * rejected
+
+
+def rejection_decide_reference(
+    draft: Sequence[int] | np.ndarray, q: np.ndarray | None, p: np.ndarray, u: Sequence[float] | np.ndarray
+) -> tuple[int, np.ndarray]:
+    """``rejection_decide`` in numpy float64, one position at a time, as the rule is written:
+    keep draft i when u_i * q_i(d_i) < p_i(d_i) (always when p >= q, unless p(d_i) == 0),
+    then the normalised residual at the first rejection, p_K after K kept, p_n if empty."""
+    draft = np.asarray(draft, dtype=np.int64)
+    p = np.asarray(p, dtype=np.float64)
+    u = np.asarray(u, dtype=np.float64)
+    num_draft, vocab = len(draft), p.shape[-1]
+    q = np.eye(vocab)[draft] if q is None else np.asarray(q, dtype=np.float64)
+    n = 0
+    while n < num_draft:
+        p_d, q_d = p[n, draft[n]], q[n, draft[n]]
+        if not (p_d > 0 if p_d >= q_d else u[n] * q_d < p_d):
+            break
+        n += 1
+    q_row = q[n] if n < num_draft else np.zeros(vocab)
+    residual = np.maximum(p[n] - q_row, 0.0)
+    if not residual.sum() > MIN_RESIDUAL_MASS:
+        residual = p[n]
+    return n, residual / residual.sum()
 
 
 def tree_output_distribution(tokens: Sequence[int], parents: Sequence[int], p: np.ndarray) -> dict[tuple[int, ...], float]:

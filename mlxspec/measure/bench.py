@@ -19,6 +19,13 @@ Each repeat runs every prompt through both, the order alternating pair by pair t
 The floor is the time one decoded token needs just to stream its weights through memory at the
 copy bandwidth MLX reaches on this machine.
 
+With ``torch_dtypes`` the same engine also runs on PyTorch (``torchpath``: the same weights,
+copied), one column per dtype (and per ``torch_threads`` setting, if several) on
+``torch_device``, timed the same way and interleaved with the MLX columns in every pair; each
+gets a paired verdict against mlxspec on MLX and the position where its greedy tokens first
+leave MLX's (``TorchColumn``): a half-precision dtype is "exact enough" only if it never does
+for the tokens measured.
+
 Results are records (``BaselineResult``, ``SpecBenchResult``) whose ``to_json()`` is the
 result JSON (schema 2, see ``runs``). Verdicts rest on paired comparisons (``verdict``).
 """
@@ -79,6 +86,22 @@ DEFAULT_QUESTIONS: dict[int, str] = {81: "writing", 121: "coding", 401: "math_re
 BANDWIDTH_BYTES = 256 * 1024 * 1024  # copied when measuring bandwidth, far above any cache
 IMPLEMENTATIONS = ("mlxspec", "mlx_lm")
 LABELS = {"mlxspec": "mlxspec generate_plain", "mlx_lm": "mlx-lm stream_generate"}
+TORCH_DTYPES = ("float32", "bfloat16", "float16")  # torchpath.model.DTYPES, named without importing torch
+TORCH_PREFIX = "torch_"  # a torch column's key: "torch_float32", or "torch_float32_1t" (1 thread)
+
+
+def torch_key(dtype: str, threads: int | None = None) -> str:
+    """The key of a torch column; ``threads`` only when a run compares several settings."""
+    return TORCH_PREFIX + dtype + ("" if threads is None else f"_{threads}t")
+
+
+def label(key: str) -> str:
+    """A column's name in tables and progress lines."""
+    if key.startswith(TORCH_PREFIX):
+        dtype, _, threads = key[len(TORCH_PREFIX):].partition("_")
+        n = threads.removesuffix("t")
+        return f"torch {dtype}" + (f", {n} thread{'' if n == '1' else 's'}" if n else "")
+    return LABELS.get(key, key)
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -185,9 +208,66 @@ class BaselineSettings:
 
 
 @dataclass(frozen=True)
+class TorchColumn:
+    """One torch column against mlxspec on MLX. ``ratio`` = its median decode tps / mlxspec's;
+    ``verdict``: the paired comparison, run pair by run pair; ``first_divergence``: per prompt,
+    the first position where its greedy tokens left mlxspec's (the earliest over the repeats;
+    None: identical for all ``max_tokens``)."""
+
+    dtype: str
+    threads: int  # torch.get_num_threads() while it ran
+    ratio: float
+    verdict: Verdict
+    first_divergence: list[int | None]
+    weight_bytes_per_token: int
+
+    @property
+    def agrees(self) -> bool:
+        """Exact enough: the same greedy tokens as MLX for every prompt and token measured."""
+        return all(d is None for d in self.first_divergence)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "threads": self.threads, "ratio": self.ratio, "verdict": self.verdict.to_json(),
+                "first_divergence": self.first_divergence, "agrees": self.agrees,
+                "weight_bytes_per_token": self.weight_bytes_per_token}
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    """The torch side of a baseline run: where it ran, the thread settings it compared (one:
+    torch's own or the one asked for) and its ``TorchColumn``s, keyed as ``implementations``
+    without the "torch_" ("float32", or "float32_1t" when several thread settings ran)."""
+
+    version: str
+    device: str
+    threads: list[int]
+    description: str
+    columns: dict[str, TorchColumn]
+
+    @property
+    def fastest_exact(self) -> str | None:
+        """The column with the highest median decode speed among those that agree with MLX."""
+        ok = [k for k, c in self.columns.items() if c.agrees]
+        return max(ok, key=lambda k: self.columns[k].ratio) if ok else None
+
+    @property
+    def fastest_exact_dtype(self) -> str | None:
+        best = self.fastest_exact
+        return None if best is None else self.columns[best].dtype
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "device": self.device, "threads": self.threads,
+                "description": self.description, "columns": {k: c.to_json() for k, c in self.columns.items()},
+                "fastest_exact": self.fastest_exact, "fastest_exact_dtype": self.fastest_exact_dtype}
+
+
+@dataclass(frozen=True)
 class BaselineResult:
     """``baseline_bench``'s result. ``ratio`` = mlxspec median decode tps / mlx-lm's;
-    ``verdict``: the paired comparison of decode tokens/s, run pair by run pair."""
+    ``verdict``: the paired comparison of decode tokens/s, run pair by run pair; ``torch``: the
+    torch columns (None when none ran; their ``ImplStats`` are in ``implementations`` under
+    ``torch_<name>`` (``TorchInfo``), each ``floor_ratio`` against the floor of its own weight
+    bytes: half precision reads half as many)."""
 
     header: RunHeader
     settings: BaselineSettings
@@ -199,6 +279,7 @@ class BaselineResult:
     same_tokens: float | None
     goals: Goals
     verdict: Verdict
+    torch: TorchInfo | None = None
 
     @property
     def floor_ratio(self) -> dict[str, float]:
@@ -211,7 +292,7 @@ class BaselineResult:
             "ratio": self.ratio, "bandwidth_gbs": self.bandwidth_gbs,
             "weight_bytes_per_token": self.weight_bytes_per_token, "floor_ms_per_token": self.floor_ms_per_token,
             "floor_ratio": self.floor_ratio, "same_tokens": self.same_tokens, "goals": asdict(self.goals),
-            "verdict": self.verdict.to_json(),
+            "verdict": self.verdict.to_json(), "torch": None if self.torch is None else self.torch.to_json(),
         }
 
 
@@ -248,39 +329,55 @@ def _baseline_items(prompts: list[str] | None) -> list[dict[str, Any]]:
     return [{"id": f"custom-{i + 1}", "category": "custom", "text": t} for i, t in enumerate(prompts)]
 
 
-def _baseline_runner(lm, max_tokens: int) -> Callable[[str, list[int]], Run]:
-    """Runs one implementation on one prompt, exactly ``max_tokens`` tokens, timed from outside."""
+def _baseline_runner(lm, max_tokens: int, torch_models: dict[str, tuple[Any, int]] | None = None
+                     ) -> Callable[[str, list[int]], Run]:
+    """Runs one implementation on one prompt, exactly ``max_tokens`` tokens, timed from outside.
+    ``torch_models``: column key -> (the ``LoadedModel`` on torch it runs, its thread count,
+    set before the run starts)."""
     from mlxspec.targets.loading import as_mlx_lm
 
     ref_model = as_mlx_lm(lm.model)
     mx.eval(ref_model.parameters())
     ref_tok = _no_eos(lm.tokenizer)
+    torch_models = torch_models or {}
 
     def run(impl: str, p: list[int]) -> Run:
-        tokens = (_mlxspec_tokens(lm, p, max_tokens) if impl == "mlxspec"
-                  else _mlx_lm_tokens(ref_model, ref_tok, p, max_tokens))
+        if impl in torch_models:
+            import torch
+
+            tlm, threads = torch_models[impl]
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            tokens = _mlxspec_tokens(tlm, p, max_tokens)
+        elif impl == "mlxspec":
+            tokens = _mlxspec_tokens(lm, p, max_tokens)
+        else:
+            tokens = _mlx_lm_tokens(ref_model, ref_tok, p, max_tokens)
         got = timed_tokens(tokens, len(p))
         if got.generated_tokens != max_tokens:
-            raise MlxspecError(f"{LABELS[impl]} produced {got.generated_tokens} tokens, expected {max_tokens}")
+            raise MlxspecError(f"{label(impl)} produced {got.generated_tokens} tokens, expected {max_tokens}")
         return got
 
     return run
 
 
 def _time_baseline_pairs(run: Callable[[str, list[int]], Run], items: list[dict[str, Any]], ids: list[list[int]],
-                         repeats: int, progress: Progress) -> list[dict[str, Run]]:
-    """Every (repeat, prompt) pair through both implementations, the order alternating."""
+                         repeats: int, progress: Progress,
+                         impls: Sequence[str] = IMPLEMENTATIONS) -> list[dict[str, Run]]:
+    """Every (repeat, prompt) pair through every implementation, back to back, the order
+    reversed every other pair (so each column's mean position in the pair is the same)."""
+    impls = tuple(impls)
     pairs: list[dict[str, Run]] = []
-    total = repeats * len(items) * len(IMPLEMENTATIONS)
+    total = repeats * len(items) * len(impls)
     for r in range(repeats):
         for it, p in zip(items, ids):
-            order = IMPLEMENTATIONS if len(pairs) % 2 == 0 else IMPLEMENTATIONS[::-1]
+            order = impls if len(pairs) % 2 == 0 else impls[::-1]
             got: dict[str, Run] = {}
             for impl in order:
                 got[impl] = run(impl, p)
                 if progress is not None:
-                    done = len(pairs) * len(IMPLEMENTATIONS) + len(got)
-                    progress(done, total, f"{LABELS[impl]} · {it['category']} #{it['id']} · repeat {r + 1}/{repeats}")
+                    done = len(pairs) * len(impls) + len(got)
+                    progress(done, total, f"{label(impl)} · {it['category']} #{it['id']} · repeat {r + 1}/{repeats}")
             pairs.append(got)
     return pairs
 
@@ -295,6 +392,71 @@ def baseline_verdict(pairs: list[dict[str, Run]]) -> Verdict:
     return Verdict(c.kind, f"{words}: {c.ratio:.2f}x median per pair ({c.describe()})", c.interval)
 
 
+def torch_verdict(pairs: list[dict[str, Run]], key: str) -> Verdict:
+    """A torch column against mlxspec on MLX on decode tokens/s, as ``baseline_verdict``."""
+    c = median_ratio([_ratio(p[key].decode_tps, p["mlxspec"].decode_tps) for p in pairs])
+    if c.ratio is None:
+        return Verdict(Kind.EMPTY, "no timed runs")
+    name = label(key)
+    words = {Kind.FASTER: f"{name} decodes faster than mlxspec on MLX",
+             Kind.SLOWER: f"{name} decodes slower than mlxspec on MLX",
+             Kind.SAME: f"no measurable difference in decode speed between {name} and mlxspec on MLX"}[c.kind]
+    return Verdict(c.kind, f"{words}: {c.ratio:.2f}x median per pair ({c.describe()})", c.interval)
+
+
+def first_divergence(pairs: list[dict[str, Run]], key: str, n_prompts: int) -> list[int | None]:
+    """Per prompt (pairs run prompt by prompt, repeat after repeat), the earliest position where
+    ``key``'s greedy tokens differ from mlxspec's over the repeats; None if they never do."""
+    out: list[int | None] = [None] * n_prompts
+    for i, p in enumerate(pairs):
+        d = first_mismatch(p[key].tokens, p["mlxspec"].tokens)
+        j = i % n_prompts
+        if d is not None and (out[j] is None or d < out[j]):
+            out[j] = d
+    return out
+
+
+def torch_columns(enabled: bool | None, dtypes: Sequence[str] | None = None,
+                  device: str = "cpu") -> tuple[tuple[str, ...], str | None]:
+    """The torch dtypes a baseline run adds, and a note to print (or None).
+
+    ``enabled`` None: on iff torch is importable (a note says so when it is not); True without
+    torch: the install error. The columns are float32 and then ``dtypes`` (default: the
+    device's default dtype, ``torchpath.default_dtype``; "auto" means it too)."""
+    import importlib.util
+
+    from mlxspec.torchpath import INSTALL_HINT, default_dtype, pick_device
+
+    if enabled is False:
+        return (), None
+    if importlib.util.find_spec("torch") is None:
+        if enabled:
+            raise MlxspecError(f"--torch needs PyTorch, which is not installed: {INSTALL_HINT}")
+        return (), f"PyTorch is not installed: no torch columns ({INSTALL_HINT})"
+    device = pick_device(device)
+    wanted = [default_dtype(device) if d == "auto" else d for d in (dtypes or ["auto"])]
+    bad = [d for d in wanted if d not in TORCH_DTYPES]
+    if bad:
+        raise MlxspecError(f"--torch-dtype {bad[0]}: choose auto, {', '.join(TORCH_DTYPES)}")
+    return tuple(dict.fromkeys(["float32", *wanted])), None
+
+
+def _load_torch_columns(model_spec: str, torch_dtypes: Sequence[str], device: str,
+                        threads: Sequence[int]) -> dict[str, tuple[Any, int]]:
+    """Column key -> (the model on torch in that dtype, the same weights as the MLX model; its
+    thread count), for every dtype x thread setting (one model per dtype)."""
+    from mlxspec.targets import loading
+    from mlxspec.torchpath import require_torch
+
+    require_torch()
+    several = len(threads) > 1
+    out = {}
+    for dt in dict.fromkeys(torch_dtypes):
+        tlm = loading.load(model_spec, dt, backend=f"torch:{device}")
+        out.update({torch_key(dt, n if several else None): (tlm, n) for n in threads})
+    return out
+
+
 def baseline_bench(
     model_spec: str = "default",
     dtype: str = "auto",
@@ -303,9 +465,15 @@ def baseline_bench(
     warmup: int = 1,
     repeats: int = 3,
     progress: Progress = None,
+    torch_dtypes: Sequence[str] = (),
+    torch_device: str = "cpu",
+    torch_threads: Sequence[int] = (),
 ) -> BaselineResult:
     """Decode/prefill tokens/s of mlxspec's ``generate_plain`` and mlx-lm's ``stream_generate``
-    on the same weights, side by side, plus the memory-bandwidth floor.
+    on the same weights, side by side, plus the memory-bandwidth floor; with ``torch_dtypes``,
+    also mlxspec's ``generate_plain`` on PyTorch (``torch_device``), one column per dtype, in the
+    same pairs. ``torch_threads``: ``torch.set_num_threads`` settings (empty: torch's own); with
+    several, one column per dtype and setting, the setting switched before each run.
 
     JSON keys (``to_json``): schema, date, machine{platform, processor, cpu_count}, backend, blas,
     mlx_version, mlx_lm_version, model, dtype, settings{max_tokens, warmup, repeats, prompts[{id,
@@ -313,7 +481,10 @@ def baseline_bench(
     {decode_tps_median, decode_tps_min, decode_tps_max, prefill_tps_median, ms_per_token,
     floor_ratio, ...}}, ratio (mlxspec median decode tps / mlx-lm's), bandwidth_gbs,
     weight_bytes_per_token, floor_ms_per_token, floor_ratio{mlxspec, mlx_lm}, same_tokens, goals,
-    verdict.
+    verdict, torch (null, or {version, device, threads[], description, columns{NAME: {dtype, threads,
+    ratio (its median decode tps / mlxspec's), verdict, first_divergence[per prompt], agrees,
+    weight_bytes_per_token}}, fastest_exact, fastest_exact_dtype}; each column's stats are
+    implementations.torch_NAME; NAME: the dtype, or DTYPE_Nt when several thread settings ran).
     """
     from mlxspec.targets import loading
 
@@ -325,15 +496,35 @@ def baseline_bench(
     bandwidth = measure_bandwidth()
     lm = loading.load(model_spec, dtype)
     ids = encode_prompts(lm, items, max_tokens)
-    run = _baseline_runner(lm, max_tokens)
-    for _ in range(warmup):
-        for impl in IMPLEMENTATIONS:
-            run(impl, ids[0])
-    pairs = _time_baseline_pairs(run, items, ids, repeats, progress)
+    torch_models: dict[str, tuple[Any, int]] = {}
+    threads_before = None
+    if torch_dtypes:
+        from mlxspec.torchpath import require_torch
+
+        threads_before = require_torch().get_num_threads()
+        settings = list(dict.fromkeys(torch_threads)) or [threads_before]
+        if min(settings) < 1:
+            raise MlxspecError(f"torch threads must be >= 1, got {min(settings)}")
+        torch_models = _load_torch_columns(model_spec, torch_dtypes, torch_device, settings)
+    columns = (*IMPLEMENTATIONS, *torch_models)
+    run = _baseline_runner(lm, max_tokens, torch_models)
+    try:
+        for _ in range(warmup):
+            for impl in columns:
+                run(impl, ids[0])
+        pairs = _time_baseline_pairs(run, items, ids, repeats, progress, columns)
+    finally:
+        if threads_before is not None:
+            import torch
+
+            torch.set_num_threads(threads_before)
+    torch_info = _torch_info(torch_models, pairs, len(items)) if torch_models else None
 
     weight_bytes = int(lm.weight_bytes_per_token())
-    floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3 if bandwidth > 0 else 0.0
+    floor_ms = _floor_ms(weight_bytes, bandwidth)
     impls = {impl: impl_stats([p[impl] for p in pairs], floor_ms) for impl in IMPLEMENTATIONS}
+    for key, (tlm, _) in torch_models.items():
+        impls[key] = impl_stats([p[key] for p in pairs], _floor_ms(int(tlm.weight_bytes_per_token()), bandwidth))
     a, b = impls["mlxspec"].decode_tps_median, impls["mlx_lm"].decode_tps_median
     ratio = a / b if b > 0 else math.inf
     same = [p["mlxspec"].tokens == p["mlx_lm"].tokens for p in pairs]
@@ -343,7 +534,31 @@ def baseline_bench(
         implementations=impls, ratio=ratio, bandwidth_gbs=bandwidth, weight_bytes_per_token=weight_bytes,
         floor_ms_per_token=floor_ms, same_tokens=sum(same) / len(same) if same else None,
         goals=Goals(ratio >= 1.0, impls["mlxspec"].floor_ratio <= 1.5), verdict=baseline_verdict(pairs),
+        torch=torch_info,
     )
+
+
+def _floor_ms(weight_bytes: int, bandwidth_gbs: float) -> float:
+    return weight_bytes / (bandwidth_gbs * 1e9) * 1e3 if bandwidth_gbs > 0 else 0.0
+
+
+def _torch_info(torch_models: dict[str, tuple[Any, int]], pairs: list[dict[str, Run]], n_prompts: int) -> TorchInfo:
+    """The torch columns' comparisons with mlxspec on MLX."""
+    import torch
+
+    backend = next(iter(torch_models.values()))[0].backend
+    device = backend.partition(":")[2]
+    mlx_med = statistics.median([p["mlxspec"].decode_tps or 0.0 for p in pairs])
+    columns = {}
+    for key, (tlm, threads) in torch_models.items():
+        med = statistics.median([p[key].decode_tps or 0.0 for p in pairs])
+        columns[key[len(TORCH_PREFIX):]] = TorchColumn(
+            tlm.dtype, threads, med / mlx_med if mlx_med > 0 else math.inf, torch_verdict(pairs, key),
+            first_divergence(pairs, key, n_prompts), int(tlm.weight_bytes_per_token()))
+    threads = sorted({c.threads for c in columns.values()}, reverse=True)
+    where = (f"CPU ({'/'.join(map(str, threads))} thread{'' if threads == [1] else 's'})" if device == "cpu"
+             else f"{device.upper()} ({torch.cuda.get_device_name()})" if device == "cuda" else device.upper())
+    return TorchInfo(torch.__version__, device, threads, f"PyTorch {torch.__version__} on {where}", columns)
 
 
 def _baseline_table(result: BaselineResult):
@@ -351,20 +566,23 @@ def _baseline_table(result: BaselineResult):
 
     s, h = result.settings, result.header
     prompts = ", ".join(f"{p['category']} #{p['id']} ({p['prompt_tokens']} tok)" for p in s.prompts)
+    on_torch = f"; {result.torch.description}" if result.torch is not None else ""
     table = Table(
-        title=f"Baseline decoding: {h.model} ({h.dtype}), {h.backend}",
+        title=f"Baseline decoding: {h.model} ({h.dtype}), {h.backend}{on_torch}",
         caption=(f"{s.max_tokens} tokens per run, {s.warmup} warm-up, {s.repeats} repeats x "
                  f"{len(s.prompts)} prompts: {prompts}"),
     )
     for col, just in (("implementation", "left"), ("decode tok/s (median)", "right"), ("min - max", "right"),
-                      ("prefill tok/s", "right"), ("ms/token", "right"), ("x floor", "right")):
-        table.add_column(col, justify=just)
+                      ("prefill tok/s", "right"), ("ms/token", "right"), ("x floor", "right"),
+                      ("/ mlxspec", "right")):
+        table.add_column(col, justify=just, no_wrap=col == "implementation")
+    ref = result.implementations["mlxspec"].decode_tps_median
     for key, st in result.implementations.items():
-        table.add_row(LABELS.get(key, key), f"{st.decode_tps_median:.1f}",
+        table.add_row(label(key), f"{st.decode_tps_median:.1f}",
                       f"{st.decode_tps_min:.1f} - {st.decode_tps_max:.1f}", f"{st.prefill_tps_median:.0f}",
-                      f"{st.ms_per_token:.2f}", f"{st.floor_ratio:.2f}x")
+                      f"{st.ms_per_token:.2f}", f"{st.floor_ratio:.2f}x", fmt(_ratio(st.decode_tps_median, ref), "{:.2f}x"))
     floor = result.floor_ms_per_token
-    table.add_row("bandwidth floor", f"{1e3 / floor:.1f}" if floor > 0 else "-", "", "", f"{floor:.2f}", "1.00x",
+    table.add_row("bandwidth floor", f"{1e3 / floor:.1f}" if floor > 0 else "-", "", "", f"{floor:.2f}", "1.00x", "",
                   style="dim")
     return table
 
@@ -384,6 +602,30 @@ def print_baseline(result: BaselineResult, console) -> None:
     )
     if result.same_tokens is not None and result.same_tokens < 1:
         console.print(f"[yellow]note:[/] identical greedy tokens in {result.same_tokens:.0%} of run pairs")
+    if result.torch is not None:
+        _print_torch(result, console)
+
+
+def _print_torch(result: BaselineResult, console) -> None:
+    """Per torch column: its verdict against mlxspec on MLX and whether its greedy tokens match."""
+    t, s, ref = result.torch, result.settings, result.header.dtype
+    seen: set[str] = set()
+    for col in t.columns.values():
+        console.print(markup(col.verdict.kind, col.verdict.text), highlight=False)
+        if col.dtype in seen:  # the same weights at another thread count: the same tokens
+            continue
+        seen.add(col.dtype)
+        if col.agrees:
+            console.print(f"  torch {col.dtype}: the same greedy tokens as MLX ({ref}) for all "
+                          f"{len(s.prompts)} prompts x {s.max_tokens} tokens", highlight=False)
+        else:
+            where = ", ".join(f"#{p['id']} at token {d}" for p, d in zip(s.prompts, col.first_divergence)
+                              if d is not None)
+            console.print(markup(Kind.NOTE, f"  torch {col.dtype}: greedy tokens leave MLX's ({ref}): "
+                                            f"{where}; not exact enough"), highlight=False)
+    best = t.fastest_exact
+    console.print(f"fastest torch column with MLX's tokens: [bold]{label(TORCH_PREFIX + best) if best else 'none'}[/]"
+                  + (f" ({t.columns[best].ratio:.2f}x mlxspec on MLX)" if best else ""))
 
 
 # ============================================================================= speculative bench
@@ -901,7 +1143,10 @@ def spec_bench(
     items, note = spec_bench_prompts(categories, per_category, prompts_file)
     lm, drafter, stop, ids = prepare_speculative_run(
         model_spec, draft, dtype, items, max_tokens, no_drafter="spec_bench needs a drafter (got 'none')")
-    peer = mlx_lm_peer(lm, draft, drafter) if with_mlx_lm else Peer(reason="not requested (with_mlx_lm=False)")
+    if getattr(lm, "backend", "mlx") != "mlx":
+        peer = Peer(reason=f"mlx-lm runs on MLX only; the target runs on {lm.backend}")
+    else:
+        peer = mlx_lm_peer(lm, draft, drafter) if with_mlx_lm else Peer(reason="not requested (with_mlx_lm=False)")
     policy = k_policy(k, lm, drafter, remeasure_cost, log=(lambda s: progress(0, None, s)) if progress else None)
     width = policy if isinstance(policy, int) else policy.max_k  # draft positions reported
     run = _spec_runner(lm, drafter, stop, params_of, peer, policy, seed)

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,12 @@ def curve_path(target: str, dtype: str, device: str | None = None) -> Path:
     return home() / "costcurves" / f"{safe}.json"
 
 
+def _device_of(lm: Any) -> str:
+    """What the curve was measured on: MLX's device, or the torch backend and device."""
+    backend = getattr(lm, "backend", "mlx")
+    return device_name() if backend == "mlx" else backend.replace(":", "-")
+
+
 def _stderr_line(text: str) -> None:
     """A progress line on stderr, rewritten in place on a terminal."""
     end = "" if sys.stderr.isatty() else "\n"
@@ -97,20 +103,20 @@ def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = REPS
     """ms of one target forward over n tokens, for each n in ``sizes``, on a cache holding the
     prefilled ``prompt``; trimmed back after every pass. Two untimed passes per size first; then
     ``reps`` rounds over all sizes, the order rotating to spread drift. {n: [ms, ...]}."""
-    import mlx.core as mx
-
     from mlxspec.core.cache import check_trimmable, rewind
     from mlxspec.core.engine import NOT_TRIMMABLE_HINT
-    from mlxspec.core.prefill import prefill
+    from mlxspec.core.ops import ops_for
 
+    ops = ops_for(model)
     cache = check_trimmable(model.make_cache(), "the target", NOT_TRIMMABLE_HINT)
-    mx.eval(prefill(model, cache, prompt))
+    ops.evaluate(ops.prefill(model, cache, prompt))
     src = prompt if prompt else [0]
-    toks = {n: mx.array([[src[i % len(src)] for i in range(n)]], mx.int32) for n in sizes}
+    toks = {n: ops.tokens([src[i % len(src)] for i in range(n)])[None] for n in sizes}
 
     def once(n: int) -> float:
         t0 = time.perf_counter()
-        mx.eval(model(toks[n], cache))
+        ops.evaluate(model(toks[n], cache))
+        ops.synchronize()
         dt = (time.perf_counter() - t0) * 1e3
         rewind(cache, n)
         return dt
@@ -145,7 +151,7 @@ def measure_cost_curve(lm: Any, max_tokens: int, reps: int = REPS, context_token
     t0 = time.perf_counter()
     times = time_verify(lm.model, prompt, sizes, reps, progress=lambda r: say(f"{head}: round {r}/{reps}"))
     seconds = time.perf_counter() - t0
-    curve = CostCurve(lm.name, lm.dtype, device_name(), ctx, reps, [statistics.median(times[n]) for n in sizes],
+    curve = CostCurve(lm.name, lm.dtype, _device_of(lm), ctx, reps, [statistics.median(times[n]) for n in sizes],
                       [times[n] for n in sizes], time.strftime("%Y-%m-%dT%H:%M:%S"), seconds)
     say(f"{head}: {curve.ms[0]:.1f} ms for 1 token, {curve.ms[-1]:.1f} ms for {max_tokens} ({seconds:.0f} s)")
     if log is _stderr_line and sys.stderr.isatty():
@@ -166,7 +172,7 @@ def cost_curve(lm: Any, max_tokens: int, remeasure: bool = False, reps: int = RE
     """The cached curve of ``lm`` on this device if it covers ``max_tokens`` pass lengths, else
     (or with ``remeasure``) a new measurement, cached. A cache that cannot be written is only
     a note: the measurement is still used."""
-    path = curve_path(lm.name, lm.dtype)
+    path = curve_path(lm.name, lm.dtype, _device_of(lm))
     cached = None if remeasure else load_cost_curve(path)
     if cached is not None and cached.target == lm.name and cached.dtype == lm.dtype and cached.max_tokens >= max_tokens:
         return cached
@@ -204,3 +210,14 @@ def k_policy(spec: Any, lm: Any, drafter: Any, remeasure: bool = False, max_k: i
     # until the engine reports its real timings.
     ratio = 0.01 if isinstance(drafter, NgramDrafter) else 0.1
     return AutoK(curve, max_k=max_k, draft_prior_ratio=ratio)
+
+
+def tree_costs(shape: Any, lm: Any, remeasure: bool = False,
+               log: Callable[[str], None] | None = _stderr_line) -> Any:
+    """A ``--tree`` shape as the engine takes it: an ``auto`` tree gets this machine's verify
+    costs for passes of 1..max_nodes + 1 tokens (it verifies as many nodes as pay for them);
+    a static one is returned as it is."""
+    if shape is None or not shape.auto:
+        return shape
+    curve = cost_curve(lm, shape.max_nodes + 1, remeasure=remeasure, log=log)
+    return replace(shape, costs=tuple(curve.ms[: shape.max_nodes + 1]))

@@ -158,12 +158,12 @@ def collect_run(events: Iterable[Event]) -> Run:
 
 
 def engine_run(lm: Any, ids: list[int], params: Any, max_tokens: int, stop: set[int], seed: int = 0,
-               drafter: Any = None, k: int = 4) -> Run:
+               drafter: Any = None, k: Any = 4, tree: Any = None) -> Run:
     """One generation of ``lm`` with the engine (target-only without a drafter), collected."""
     from mlxspec.core.engine import generate
 
     return collect_run(generate(lm.model, ids, params, max_tokens, stop, lm.context_length, seed=seed,
-                                drafter=drafter, k=k))
+                                drafter=drafter, k=k, tree=tree))
 
 
 def timed_tokens(tokens: Iterable[int], prompt_tokens: int) -> Run:
@@ -307,12 +307,12 @@ def run_header(lm: Any) -> RunHeader:
     """The header of a measurement on ``lm`` (a ``LoadedModel``), dated now."""
     import mlx.core as mx
 
-    from mlxspec.runtime import BLAS, backend_description
+    from mlxspec.runtime import BLAS, backend_description, torch_description
 
     return RunHeader(
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         machine=Machine(platform.platform(), platform.processor() or platform.machine(), os.cpu_count()),
-        backend=backend_description(),
+        backend=backend_description() if getattr(lm, "backend", "mlx") == "mlx" else torch_description(lm.backend),
         blas=BLAS.library,
         mlx_version=mx.__version__,
         mlx_lm_version=_version("mlx-lm") or _version("mlx_lm"),

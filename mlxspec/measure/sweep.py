@@ -38,6 +38,11 @@ with the best fixed K (``SweepResult.auto_vs_best``): one verdict line says whet
 it, cannot be told from it (the row marked ≈) or is slower; beating it marks the auto row ★.
 ``optimum_measured`` and ``pays`` stay about the fixed Ks.
 
+Trees (``trees``: shapes such as 3x2 or auto): one more method per shape, timed like auto on
+the same prompts and rotation; each row (``KRow.tree``) is compared paired with the best fixed K
+(``SweepResult.trees_vs_best``), and a verdict line names the fastest shape and whether it beats
+the best chain. Like auto they take no part in the cost model or ``optimum_measured``.
+
 The result is a ``SweepResult`` record; its ``to_json()`` is the JSON (schema 2, see ``runs``).
 """
 
@@ -410,7 +415,7 @@ class SweepRun:
     target-only run of the same prompt and repeat and, greedy only, where its tokens first
     differ from it."""
 
-    k: int | None
+    k: int | str | None  # a string: a tree shape's method (``tree_method``)
     prompt_id: Any
     category: str
     repeat: int
@@ -466,10 +471,11 @@ class KRow:
     is_optimum: bool = False
     indistinguishable: bool = False  # from the optimum
     mean_k: float | None = None  # mean K the engine allowed per step (auto: the K it chose)
+    tree: str | None = None  # a tree shape's row (``k`` None then): its shape, e.g. "3x2"
 
     @property
     def label(self) -> str:
-        return "auto" if self.k is None else str(self.k)
+        return f"tree {self.tree}" if self.tree else "auto" if self.k is None else str(self.k)
 
     @property
     def speedup(self) -> float | None:
@@ -534,6 +540,8 @@ class SweepSettings:
     cost_model: str = ("E(K) = 1 + sum_j prod_{i<=j} a_i; T(K) = K*draft_ms_per_token + verify_ms(K); predicted tps = "
                        "E/T; target-only = 1/verification.target_ms")
     auto_max_k: int | None = None  # the auto row's largest K; None: no auto row
+    trees: list[str] = field(default_factory=list)  # tree shapes timed beside the Ks ("3x2", "auto")
+    tree_nodes: int | None = None  # --tree-nodes: the cap on every tree
 
 
 @dataclass(frozen=True)
@@ -550,11 +558,13 @@ class SweepResult:
     runs: list[SweepRun]
     auto: KRow | None = None  # the auto row (not in ``rows``: those are the fixed Ks)
     auto_vs_best: Comparison | None = None  # auto tokens/s over the best fixed K's, paired
+    trees: list[KRow] = field(default_factory=list)  # one row per tree shape
+    trees_vs_best: list[Comparison | None] = field(default_factory=list)  # each over the best fixed K, paired
 
     @property
     def all_rows(self) -> list[KRow]:
-        """The fixed Ks, then auto if it ran."""
-        return [*self.rows, *([self.auto] if self.auto else [])]
+        """The fixed Ks, then auto if it ran, then the tree shapes."""
+        return [*self.rows, *([self.auto] if self.auto else []), *self.trees]
 
     @property
     def optimum_measured(self) -> Optimum | None:
@@ -580,6 +590,8 @@ class SweepResult:
             "pays": d.pays, "causes": [asdict(c) for c in d.causes], "verdict": [v.to_json() for v in self.verdict],
             "runs": [r.to_json() for r in self.runs],
             "auto_vs_best": _comparison_json(self.auto_vs_best, om and om.k),
+            "trees_vs_best": [dict(_comparison_json(c, om and om.k) or {}, tree=t.tree)
+                              for t, c in zip(self.trees, self.trees_vs_best)],
         }
 
 
@@ -649,7 +661,7 @@ def _extra_verdicts(rows: Sequence[KRow], best: int | None, headline: Kind) -> l
             and top.speedup_min < 1.0 <= top.speedup_max and top.runs > 1):
         out.append(Verdict(Kind.NOTE, f"note: per prompt the speedup at K={best} ranges {top.speedup_min:.2f}x-"
                                       f"{top.speedup_max:.2f}x: it pays on some prompts and loses on others"))
-    bad = [f"{'auto' if x.k is None else f'K={x.k}'} (prompts {', '.join(map(str, x.greedy_mismatches))})"
+    bad = [f"{x.label if x.k is None else f'K={x.k}'} (prompts {', '.join(map(str, x.greedy_mismatches))})"
            for x in rows if x.greedy_mismatches]
     if bad:
         out.append(Verdict(Kind.BUG, "BUG: greedy speculative output differs from target-only at " + "; ".join(bad)))
@@ -684,11 +696,53 @@ def summarise(ks: Sequence[int], runs_by: dict[int | None, list[SweepRun]], veri
     if om and auto and vs_best:  # after the headline (and its ties), before the cost model and the causes
         at = 1 + bool(om.indistinguishable)
         verdict[at:at] = [_auto_line(auto, vs_best, om.k)]
-    verdict += _extra_verdicts([*rows, *([auto] if auto else [])], best, d.verdict[0].kind)
-    methods = [0, *ks, *([None] if auto else [])]
+    trees, trees_vs = _tree_rows(runs_by, settings.trees, best, target_ms, settings.temperature == 0)
+    if om and trees:
+        at = 1 + bool(om.indistinguishable) + bool(auto and vs_best)
+        verdict[at:at] = _tree_lines(trees, trees_vs, om.k)
+    verdict += _extra_verdicts([*rows, *([auto] if auto else []), *trees], best, d.verdict[0].kind)
+    methods = [0, *ks, *([None] if auto else []), *map(tree_method, settings.trees)]
     return SweepResult(header, settings, note, prompts, baseline, rows,
                        _verification(ks, verify_times, target_ms, context_tokens, d), d, verdict,
-                       [x for m in methods for x in runs_by[m]], auto, vs_best)
+                       [x for m in methods for x in runs_by[m]], auto, vs_best, trees, trees_vs)
+
+
+def tree_method(shape: str) -> str:
+    """The method key of a tree shape's runs ("tree 3x2"): a string, unlike the Ks."""
+    return f"tree {shape}"
+
+
+def _tree_rows(runs_by: dict[Any, list[SweepRun]], shapes: Sequence[str], best: int | None, target_ms: float,
+               greedy: bool) -> tuple[list[KRow], list[Comparison | None]]:
+    """A row per tree shape that ran, and its paired tokens/s over the best fixed K's (★
+    measurably faster, ≈ no measurable difference), as ``_auto_row``."""
+    rows, vs = [], []
+    for shape in shapes:
+        m = tree_method(shape)
+        row = replace(k_row(None, runs_by[m], None, target_ms, greedy), tree=shape)
+        c = None
+        if best is not None:
+            tree_tps, best_tps = _paired_tps([m, best], runs_by)
+            c = median_ratio([a / b for a, b in zip(tree_tps, best_tps) if b > 0])
+            row = replace(row, is_optimum=c.kind is Kind.FASTER, indistinguishable=c.kind is Kind.SAME)
+        rows.append(row)
+        vs.append(c)
+    return rows, vs
+
+
+def _tree_lines(rows: Sequence[KRow], vs: Sequence[Comparison | None], k: int) -> list[Verdict]:
+    """The fastest tree shape (by median tokens/s), against the best fixed K = ``k``."""
+    i = max(range(len(rows)), key=lambda j: rows[j].tps)
+    row, c = rows[i], vs[i]
+    own = (f"fastest tree: {row.tree} ({row.tps:.1f} tok/s, {fmt(row.speedup, '{:.2f}x')} target-only, "
+           f"{fmt(row.mean_accepted, '{:.2f}')} accepted per step)")
+    if c is None or c.kind not in (Kind.FASTER, Kind.SLOWER, Kind.SAME):
+        return [Verdict(Kind.INFO, f"{own}; no paired runs to compare it with the best fixed K = {k}")]
+    word = {Kind.FASTER: "faster than", Kind.SLOWER: "slower than", Kind.SAME: "tied with"}[c.kind]
+    advice = {Kind.FASTER: f"; --tree {row.tree} beats any chain here", Kind.SLOWER: f"; a chain (--k {k}) is faster here",
+              Kind.SAME: "; no measurable difference"}[c.kind]
+    return [Verdict(c.kind, f"{own} — {word} the best fixed K = {k}: {c.ratio:.2f}x its tokens/s "
+                            f"({c.describe()}){advice}", c.interval)]
 
 
 def _auto_row(runs_by: dict[int | None, list[SweepRun]], best: int | None, target_ms: float,
@@ -744,8 +798,8 @@ def _check_sweep_args(ks: Sequence[int] | str, max_tokens: int, warmup: int, rep
     return ks
 
 
-def _label(m: int | None) -> str:
-    return "target-only" if m == 0 else "auto" if m is None else f"K={m}"
+def _label(m: int | str | None) -> str:
+    return "target-only" if m == 0 else "auto" if m is None else m if isinstance(m, str) else f"K={m}"
 
 
 def _sweep_round(run: Callable[[int | None, list[int]], Run], methods: list[int | None], rot: int,
@@ -808,6 +862,7 @@ def run_sweep(
     on_run: Callable[[dict[str, Any]], Any] | None = None,
     auto: bool = True,
     remeasure_cost: bool = False,
+    trees: Sequence[Any] = (),
 ) -> SweepResult:
     """Sweep K for ``draft`` on ``model_spec`` (a ``loading.load`` spec or a loaded model).
 
@@ -829,6 +884,8 @@ def run_sweep(
     interval, indistinguishable}, optimum_predicted{k, tps, speedup}, pays, causes[{cause,
     message}], verdict[{kind, text, interval}], runs[compact per-run rows], auto_vs_best{k, ratio,
     verdict, interval} (auto's paired tokens/s over the best fixed K's; null without auto).
+    ``trees``: ``TreeShape``s timed too, a row each after auto (k null, tree and label "tree
+    SHAPE"), and trees_vs_best[{tree, k, ratio, verdict, interval}].
     """
     from mlxspec.core.sampling import SamplingParams
 
@@ -839,16 +896,28 @@ def run_sweep(
         model_spec, draft, dtype, items, max_tokens,
         no_drafter="a sweep needs a drafter (got 'none'): e.g. --draft ngram:3 or self:8")
 
-    methods: list[int | None] = [0, *ks, *([None] if auto else [])]  # 0 = target-only, None = auto
+    from mlxspec.core.drafters import can_branch
+    from mlxspec.measure.costcurve import tree_costs
+
+    if trees and not can_branch(drafter):
+        raise MlxspecError(f"drafter {draft!r} cannot branch: --tree needs a draft model, self:L, an eagle head or ngram:N")
+    shapes = {tree_method(str(t)): t for t in trees}
+    # 0 = target-only, None = auto, "tree SHAPE" = a tree
+    methods: list[int | str | None] = [0, *ks, *([None] if auto else []), *shapes]
     sizes = sorted({1} | {k + 1 for k in ks})
     total = warmup * len(methods) + verify_reps + repeats * len(items) * len(methods)
     policy = None
     if auto:
         say = (lambda text: progress(0, total, text)) if progress is not None else None
         policy = k_policy("auto", lm, drafter, remeasure=remeasure_cost, log=say)
+    if shapes:
+        say = (lambda text: progress(0, total, text)) if progress is not None else None
+        shapes = {m: tree_costs(t, lm, remeasure_cost, log=say) for m, t in shapes.items()}
     tick = progress_ticker(progress, total)
 
-    def run(m: int | None, p: list[int], n: int = max_tokens) -> Run:
+    def run(m: int | str | None, p: list[int], n: int = max_tokens) -> Run:
+        if isinstance(m, str):
+            return engine_run(lm, p, params, n, stop, seed, drafter, shapes[m].depth, tree=shapes[m])
         # auto: a fresh policy every run (the template never drafts, so nothing carries over)
         k = policy.fresh() if m is None else m or 1
         return engine_run(lm, p, params, n, stop, seed, drafter if m != 0 else None, k)
@@ -864,7 +933,9 @@ def run_sweep(
                              per_category if prompts_file is None else None,
                              str(prompts_file) if prompts_file is not None else None, max_tokens, warmup,
                              min(max_tokens, WARMUP_TOKENS), repeats, seed, verify_reps,
-                             auto_max_k=policy.max_k if policy is not None else None)
+                             auto_max_k=policy.max_k if policy is not None else None,
+                             trees=[str(t) for t in trees],
+                             tree_nodes=next((t.max_nodes for t in trees), None))
     return summarise(ks, runs_by, vt, len(ids[0]), run_header(lm), settings, note, prepared_prompts(items, ids))
 
 
@@ -877,7 +948,7 @@ def _speedup_cell(row: KRow) -> str:
 
 
 def _k_cell(row: KRow) -> str:
-    name = f"auto ({fmt(row.mean_k, '{:.1f}')})" if row.k is None else str(row.k)
+    name = (row.label if row.tree else f"auto ({fmt(row.mean_k, '{:.1f}')})" if row.k is None else str(row.k))
     return f"{name} ★" if row.is_optimum else f"{name} ≈" if row.indistinguishable else name
 
 
@@ -913,7 +984,8 @@ def _sweep_table(result: SweepResult):
             fmt(row.draft_ms_per_token, "{:.2f}"), fmt(row.verify_ms_per_step), fmt(row.verify_ratio, "{:.2f}x"),
             fmt(row.predicted_tps) + (" ◆" if row.k == best_p else ""), fmt(row.predicted_speedup, "{:.2f}x"),
             style="bold green" if row.is_optimum and result.pays else "bold" if row.is_optimum else None,
-            end_section=row is result.rows[-1] and result.auto is not None,
+            end_section=(row is result.rows[-1] and (result.auto is not None or bool(result.trees))
+                         or row is result.auto and bool(result.trees)),
         )
     return table
 

@@ -35,6 +35,10 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     draft or eagle-head folder, or a draft model path (``LoadedModel`` target)."""
     if spec in ("none", ""):
         return None
+    if getattr(target, "backend", "mlx") != "mlx":  # made for the MLX model the weights came from, then moved
+        from mlxspec.torchpath.load import drafter_on_torch
+
+        return drafter_on_torch(make_drafter(spec, target.source, "float32"), target)
     if spec == "default":
         name = store.default_draft(target.name)
         return make_drafter(name or DEFAULT_FALLBACK, target, dtype)

@@ -56,6 +56,8 @@ class LoadedModel:
     path: Path
     dtype: str
     context_length: int
+    backend: str = "mlx"  # or "torch:<device>" (``torchpath.load``)
+    source: LoadedModel | None = None  # on torch: the MLX model the weights were copied from
 
     @property
     def config(self) -> LlamaConfig:
@@ -64,10 +66,13 @@ class LoadedModel:
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decoded token reads: everything but the unused embedding rows
         (with tied embeddings the whole matrix is read once, as the LM head)."""
-        params = dict(tree_flatten(self.model.parameters()))
-        total = sum(v.nbytes for v in params.values())
+        if self.backend != "mlx":
+            sizes = {k: v.numel() * v.element_size() for k, v in self.model.named_parameters()}
+        else:
+            sizes = {k: v.nbytes for k, v in tree_flatten(self.model.parameters())}
+        total = sum(sizes.values())
         if not self.config.tie_embeddings:
-            total -= sum(v.nbytes for k, v in params.items() if k.startswith("model.embed_tokens"))
+            total -= sum(n for k, n in sizes.items() if k.startswith("model.embed_tokens"))
         return total
 
 
@@ -441,7 +446,17 @@ def resolve(spec: str) -> tuple[str, Path]:
     )
 
 
-def load(spec: str = "default", dtype: str = "auto") -> LoadedModel:
+def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> LoadedModel:
+    """A target or draft model by ``spec``, on ``backend``: "mlx", or "torch" / "torch:DEVICE"
+    (the same weights copied into torch's llama module; ``torchpath.load``)."""
+    if backend != "mlx":
+        from mlxspec.torchpath import require_torch, split_backend
+
+        device = split_backend(backend)
+        require_torch()
+        from mlxspec.torchpath.load import to_torch
+
+        return to_torch(load(spec, "float32"), dtype, device)
     dtype = resolve_dtype(dtype)
     name, path = resolve(spec)
     if path.is_dir():

@@ -1,6 +1,8 @@
 """Make docs/chat.svg (and docs/chat.png with ``rsvg-convert``): one turn on the default model.
 
-    python -m mlxspec.tui.screenshot [--out docs/chat] [--demo]
+    python -m mlxspec.tui.screenshot [--out docs/chat] [--demo] [--tree 3x2 [--tree-nodes 8]]
+
+``--demo --tree 3x2 --tree-nodes 8 --out docs/chat-tree`` makes docs/chat-tree.png.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .chat.source import ModelSource, Settings
 from .chat.widgets import Prompt
 
 PROMPT = "Here is a Python function:\ndef add(a, b):\n    return a + b\nRewrite it with type hints."
+TREE_PROMPT = "What is tree speculation?"
 
 
 def svg_to_png(svg: Path) -> Path | None:
@@ -30,11 +33,11 @@ def svg_to_png(svg: Path) -> Path | None:
     return png
 
 
-async def _shoot(app: ChatApp, svg: Path, size: tuple[int, int]) -> None:
+async def _shoot(app: ChatApp, svg: Path, size: tuple[int, int], prompt: str = PROMPT) -> None:
     async with app.run_test(size=size) as pilot:
         while app.info is None:
             await pilot.pause(0.1)
-        app.query_one(Prompt).value = PROMPT
+        app.query_one(Prompt).value = prompt
         await pilot.press("enter")
         await pilot.pause(0.2)
         while app.running is not None:
@@ -48,18 +51,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m mlxspec.tui.screenshot")
     ap.add_argument("--out", default="docs/chat", help="path without extension")
     ap.add_argument("--demo", action="store_true", help="the scripted fake source instead of the model")
+    ap.add_argument("--tree", default=None, help="draft DxB trees: the tree panel shows the last one")
+    ap.add_argument("--tree-nodes", type=int, default=None, help="cap the --tree at N nodes")
     a = ap.parse_args()
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if a.demo:
-        from .chat.fake import FakeSource
+    from mlxspec.core.tree import parse_tree
 
-        src = FakeSource()
-        app = ChatApp(src, Settings(), clock=src.clock)
+    tree = parse_tree(a.tree, a.tree_nodes) if a.tree else None
+    if a.demo:
+        from .chat.fake import SCRIPT, TREE_SCRIPT, FakeSource
+
+        src = FakeSource(TREE_SCRIPT if tree else SCRIPT)
+        app = ChatApp(src, Settings(tree=tree), clock=src.clock)
     else:
-        app = ChatApp(ModelSource("default", baseline_tokens=8), Settings(draft="ngram:3", k=4, max_tokens=64))
+        app = ChatApp(ModelSource("default", baseline_tokens=8),
+                      Settings(draft="ngram:3", k=4, max_tokens=64, tree=tree))
     svg = out.with_suffix(".svg")
-    asyncio.run(_shoot(app, svg, (120, 40)))
+    asyncio.run(_shoot(app, svg, (120, 40), TREE_PROMPT if tree and a.demo else PROMPT))
     app.wait_for_worker_exit()
     print(f"wrote {svg}")
     png = svg_to_png(svg)

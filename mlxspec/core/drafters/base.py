@@ -3,13 +3,15 @@ the engine tells it back, and the K it may ask for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from types import ModuleType
+from typing import Any, Protocol
 
 import mlx.core as mx
 
-from mlxspec.core.sampling import SamplingParams, logprobs
-from mlxspec.core.tree import TreeShape
+from mlxspec.core.sampling import SamplingParams, node_probs, top_children  # noqa: F401  (drafters import them here)
+from mlxspec.core.tree import GrowingTree, TreeShape
 from mlxspec.errors import MlxspecError
 
 MAX_K = 64
@@ -40,12 +42,17 @@ class Proposal:
     @property
     def tree_parents(self) -> tuple[int, ...]:
         """``parents``, spelled out for a chain too."""
-        return self.parents if self.parents is not None else tuple(range(-1, self.tokens.size - 1))
+        return self.parents if self.parents is not None else tuple(range(-1, len(self.tokens) - 1))
 
 
 # Built from data, not from an op: a lazy module-level array would be bound to the importing
 # thread's stream, and the TUI drafts from a worker thread.
 NO_DRAFT = Proposal(mx.array([], dtype=mx.int32))
+
+
+def no_draft(ops: ModuleType) -> Proposal:
+    """Nothing to propose, as an array of the drafter's backend (``NO_DRAFT`` on MLX)."""
+    return NO_DRAFT if ops.name == "mlx" else Proposal(ops.tokens([]))
 
 
 @dataclass(frozen=True)
@@ -101,31 +108,40 @@ def can_branch(drafter: Drafter) -> bool:
     return callable(getattr(drafter, "propose_tree", None))
 
 
-def top_children(logits: mx.array, branch: int) -> mx.array:
-    """(n, V) logits -> (n, branch) the most likely tokens of each row, best first, distinct."""
-    top = mx.argpartition(-logits, kth=branch - 1, axis=-1)[:, :branch]
-    order = mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1)
-    return mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
-
-
-def node_probs(logits: mx.array, rows: mx.array, picked: mx.array, params: SamplingParams) -> mx.array:
-    """The probability of each picked child under its parent's row of ``logits``: the softmax
-    when greedy, the sampling distribution otherwise (as ``NodeStats``)."""
-    lp = logits.astype(mx.float32)
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
-    return mx.exp(lp[rows, picked])
-
-
-def child_picks(parents: tuple[int, ...], level: range, previous: range | None) -> tuple[mx.array, mx.array]:
+def child_picks(parents: tuple[int, ...], level: range, previous: range | None) -> tuple[list[int], list[int]]:
     """For the nodes of a breadth-first ``level``: the row of its parent among the
     ``previous`` level's nodes (0 for the root) and its rank among its siblings, to index
-    ``top_children`` of the previous level's logits."""
+    ``top_children`` of the previous level's logits (as ``ops.tokens``)."""
     rows, ranks = [], []
     for i in level:
         p = parents[i]
         rows.append(0 if previous is None else p - previous.start)
         ranks.append(i - parents.index(p))  # siblings are consecutive, best first
-    return mx.array(rows), mx.array(ranks)
+    return rows, ranks
+
+
+def grow_tree(shape: TreeShape, logits: Any, expand: Callable[[list[int], GrowingTree], Any], params: SamplingParams,
+              ops: ModuleType, to_tokens: Callable[[Any], Any] | None = None) -> GrowingTree:
+    """Grow an ``auto`` tree (``TreeShape``): from the root's logits (1, V), each level keeps
+    every node's top-``branch`` children with their path log-probability, and the level's
+    ``branch`` most likely nodes are run through the drafter (``expand(ids, tree)``: feeds
+    them after ``tree.fed``, returns their logits) to make the next level. One host sync per
+    level: which nodes expand depends on the values. ``to_tokens``: columns -> token ids (a
+    head over part of the vocabulary)."""
+    tree = GrowingTree()
+    rows = [-1]
+    for depth in range(1, shape.depth + 1):
+        top = ops.top_children(logits, shape.branch)
+        lp = ops.child_logprobs(logits, top, params)
+        tokens = top if to_tokens is None else to_tokens(top)
+        ops.evaluate(tokens, lp)
+        new = tree.add_children(rows, tokens.tolist(), lp.tolist())
+        if depth == shape.depth or not new:
+            break
+        rows = tree.most_likely(new, shape.branch)
+        logits = expand(rows, tree)
+        tree.fed += rows
+    return tree
 
 
 class KPolicy(Protocol):

@@ -19,13 +19,15 @@ from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from mlxspec.core.cache import check_trimmable, rewind
-from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal, child_picks, node_probs, top_children
+from mlxspec.core.drafters.base import Commit, Proposal, child_picks, grow_tree, no_draft
 from mlxspec.core.model import Block, LlamaConfig, Unowned
-from mlxspec.core.sampling import SamplingParams, probs, sample
-from mlxspec.core.tree import TreeShape, levels, node_mask
+from mlxspec.core.ops import ops_for
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.tree import GrowingTree, TreeShape, levels, node_mask
 
 
 @dataclass(frozen=True)
@@ -102,86 +104,117 @@ class EagleHead(nn.Module):
 
 
 class EagleDrafter:
-    """Drafts with an ``EagleHead`` from the target's features; see the module docstring."""
+    """Drafts with an ``EagleHead`` (MLX's, or torch's twin) from the target's features; see
+    the module docstring."""
 
     wants_hidden = True
 
-    def __init__(self, head: EagleHead, name: str):
+    def __init__(self, head: Any, name: str):
         self.head, self.name = head, name
+        self.ops = ops_for(head)
         self.cache: list = []
-        self.pending_features: list[mx.array] = []  # (n, D) blocks, real target features
+        self.pending_features: list[Any] = []  # (n, D) blocks, real target features
         self.pending_tokens: list[int] = []
         self.fed = 0  # slots the last proposal ran on predicted features
 
-    def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+    def reset(self, prompt: list[int], hidden: Any = None) -> None:
         self.cache = check_trimmable(self.head.make_cache(), f"draft {self.name!r}")
         # Slot s pairs f_s with x_{s+1}: the prompt's features f_0..f_{c-1} meet x_1..x_c.
-        self.pending_features = [] if hidden is None else [hidden.astype(self._dtype())]
+        self.pending_features = [] if hidden is None else [self.ops.astype(hidden, self.head.fc.weight)]
         self.pending_tokens = list(prompt[1:]) if hidden is not None else []
 
-    def _dtype(self) -> mx.Dtype:
-        return self.head.fc.weight.dtype
-
-    def _run(self, features: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
+    def _run(self, features: Any, tokens: Any) -> tuple[Any, Any]:
         pred, z = self.head(features[None], tokens.reshape(1, -1), self.cache)
         return pred[0, -1:], z[0, -1]
 
-    def _pick(self, z: mx.array, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array | None]:
+    def _pick(self, z: Any, params: SamplingParams, key: Any) -> tuple[Any, Any]:
         if params.greedy:  # argmax over the head's own columns: no full-vocabulary row needed
-            return self.head.vocab_ids[mx.argmax(z)], None
+            return self.head.vocab_ids[z.argmax()], None
         logits = self.head.full_logits(z)
-        return sample(logits, params, key), probs(logits, params)
+        return self.ops.sample(logits, params, key), self.ops.probs(logits, params)
 
-    def _run_pending(self) -> tuple[mx.array, mx.array]:
+    def _run_pending(self) -> tuple[Any, Any]:
         """Run the slots of real target features not run yet: the head's guess of the first draft."""
-        feats = mx.concatenate(self.pending_features) if len(self.pending_features) > 1 else self.pending_features[0]
-        pred, z = self._run(feats, mx.array(self.pending_tokens, mx.int32))
+        feats = self.pending_features
+        pred, z = self._run(self.ops.concatenate(feats) if len(feats) > 1 else feats[0],
+                            self.ops.tokens(self.pending_tokens))
         self.pending_features, self.pending_tokens = [], []
         return pred, z
 
-    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
+    def propose(self, history: list[int], k: int, params: SamplingParams, key: Any) -> Proposal:
+        ops = self.ops
         self.fed = 0
         if k == 0 or not self.pending_tokens:
-            return NO_DRAFT
+            return no_draft(ops)
         pred, z = self._run_pending()
         self.fed = k - 1
         tokens, dists = [], []
-        for i, sub in enumerate(mx.random.split(key, k)):
+        for i, sub in enumerate(ops.split(key, k)):
             tok, q = self._pick(z, params, sub)
             tokens.append(tok)
             if q is not None:
                 dists.append(q)
             if i < k - 1:
                 pred, z = self._run(pred, tok)
-        return Proposal(mx.stack(tokens).astype(mx.int32), mx.stack(dists) if dists else None)
+        return Proposal(ops.tokens(ops.stack(tokens)), ops.stack(dists) if dists else None)
 
-    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array,
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: Any,
                      draft_probs: bool = False) -> Proposal:
         """Each node's top-``shape.branch`` children by the head's logits, one head pass per
         level: a node's slot pairs its parent's predicted feature with its own token."""
+        ops = self.ops
         self.fed = 0
+        if shape.auto:
+            return self._propose_auto(shape, params, draft_probs)
         parents = shape.parents()
         if not parents or not self.pending_tokens:
-            return NO_DRAFT
+            return no_draft(ops)
         pred, z = self._run_pending()
         z = z[None]  # the root's row: pred (1, D), z (1, head_vocab)
         base = self.cache[0].offset
         tokens, qs, previous = [], [], None
         by_level = levels(parents)
         for depth, level in enumerate(by_level, start=1):
-            rows, ranks = child_picks(parents, level, previous)
-            picked = top_children(z, shape.branch)[rows, ranks]  # columns of the head's vocabulary
+            rows, ranks = (ops.tokens(x) for x in child_picks(parents, level, previous))
+            picked = ops.top_children(z, shape.branch)[rows, ranks]  # columns of the head's vocabulary
             tokens.append(self.head.vocab_ids[picked])
             if draft_probs:  # the head gives no mass outside its vocabulary
-                qs.append(node_probs(z, rows, picked, params))
+                qs.append(ops.node_probs(z, rows, picked, params))
             if depth < len(by_level):
-                mask = mx.array(node_mask(parents, base, level.start, level.stop))
-                positions = mx.full((len(level),), base + depth - 1, mx.int32)
+                mask = ops.from_numpy(node_mask(parents, base, level.start, level.stop))
+                positions = ops.tokens([base + depth - 1] * len(level))
                 out, zs = self.head(pred[rows][None], tokens[-1][None], self.cache, mask, positions)
                 pred, z = out[0], zs[0]
             previous = level
         self.fed = by_level[-1].start
-        return Proposal(mx.concatenate(tokens).astype(mx.int32), None, parents, mx.concatenate(qs) if qs else None)
+        return Proposal(ops.tokens(ops.concatenate(tokens)), None, parents, ops.concatenate(qs) if qs else None)
+
+    def _propose_auto(self, shape: TreeShape, params: SamplingParams, draft_probs: bool) -> Proposal:
+        """An auto tree (``grow_tree``): a node's slot pairs its parent's predicted feature
+        with its own token, as in a static tree."""
+        ops = self.ops
+        if not self.pending_tokens:
+            return no_draft(ops)
+        pred, z = self._run_pending()
+        base = self.cache[0].offset
+        features = {-1: pred}  # node -> the feature the head predicted at its slot
+
+        def expand(ids: list[int], tree: GrowingTree) -> Any:
+            parent_features = ops.concatenate([features[tree.parent[i]] for i in ids])
+            mask = ops.from_numpy(tree.feed_mask(ids, base))
+            positions = ops.tokens([base + tree.depth[i] - 1 for i in ids])
+            out, zs = self.head(parent_features[None], ops.tokens([tree.tokens[i] for i in ids])[None], self.cache,
+                                mask, positions)
+            features.update({i: out[0, r : r + 1] for r, i in enumerate(ids)})
+            return zs[0]
+
+        tree = grow_tree(shape, z[None], expand, params, ops, to_tokens=lambda top: self.head.vocab_ids[top])
+        chosen, parents = tree.select(shape.costs, shape.max_nodes)
+        self.fed = len(tree.fed)
+        if not chosen:
+            return no_draft(ops)
+        node_q = ops.from_numpy(np.array([tree.node_p[i] for i in chosen], np.float32)) if draft_probs else None
+        return Proposal(ops.tokens([tree.tokens[i] for i in chosen]), None, parents, node_q)
 
     def commit(self, commit: Commit) -> None:
         if commit.hidden is None:
@@ -190,5 +223,5 @@ class EagleDrafter:
         # re-run with the target's real features on the next propose, in one call.
         rewind(self.cache, self.fed)
         self.fed = 0
-        self.pending_features.append(commit.hidden.astype(self._dtype()))
+        self.pending_features.append(self.ops.astype(commit.hidden, self.head.fc.weight))
         self.pending_tokens += [commit.drafted[i] for i in commit.accepted_nodes] + [commit.next_token]

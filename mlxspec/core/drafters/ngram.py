@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 
-from mlxspec.core.drafters.base import NO_DRAFT, Commit, Proposal
+from mlxspec.core import ops as mlx_ops
+from mlxspec.core.drafters.base import Commit, Proposal, no_draft
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import TreeShape
 from mlxspec.errors import MlxspecError
@@ -19,25 +22,26 @@ class NgramDrafter:
 
     wants_hidden = False
 
-    def __init__(self, n: int = 3, min_n: int | None = None):
+    def __init__(self, n: int = 3, min_n: int | None = None, ops: ModuleType = mlx_ops):
         if not 1 <= n <= 16:
             raise MlxspecError(f"ngram size must be in 1..16, got {n}")
         self.n, self.min_n, self.name = n, min(2, n) if min_n is None else min_n, f"ngram:{n}"
+        self.ops = ops  # the target's backend: its arrays are what the engine concatenates
 
-    def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+    def reset(self, prompt: list[int], hidden: Any = None) -> None:
         pass
 
-    def propose(self, history: list[int], k: int, params: SamplingParams, key: mx.array) -> Proposal:
+    def propose(self, history: list[int], k: int, params: SamplingParams, key: Any) -> Proposal:
         h = np.asarray(history, dtype=np.int64)
         for n in range(min(self.n, len(h) - 1), self.min_n - 1, -1):
             windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
             hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
             if hits.size:
                 start = hits[-1] + n
-                return Proposal(mx.array(h[start : start + k], dtype=mx.int32))
-        return NO_DRAFT
+                return Proposal(self.ops.tokens(h[start : start + k]))
+        return no_draft(self.ops)
 
-    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: mx.array,
+    def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: Any,
                      draft_probs: bool = False) -> Proposal:
         """Up to ``shape.branch`` different continuations of earlier matches (longest, then
         latest first), each up to ``shape.depth`` tokens, merged where they agree (a trie),
@@ -57,8 +61,8 @@ class NgramDrafter:
                     parents.append(parent)
                 parent = node
         if not tokens:
-            return NO_DRAFT
-        return Proposal(mx.array(tokens, dtype=mx.int32), None, tuple(parents))
+            return no_draft(self.ops)
+        return Proposal(self.ops.tokens(tokens), None, tuple(parents))
 
     def _continuations(self, history: list[int], length: int, count: int) -> list[tuple[int, ...]]:
         h = np.asarray(history, dtype=np.int64)

@@ -24,6 +24,7 @@ from textual.widgets import Footer, Header, Input
 from textual.worker import get_current_worker
 
 from mlxspec.core.events import Done, Step
+from mlxspec.core.tree import MAX_TREE_NODES, TreeShape, full_size, parse_tree
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.runs import RunCollector
 
@@ -51,13 +52,15 @@ from .source import (
     Source,
 )
 from .stats import Baseline, TurnStats
-from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, summary_line
+from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, TreePanel, summary_line
 
 # Seconds from a step's arrival to drawing it. 0: on the next turn of the event loop, batched
-# with any step that arrived meanwhile. A delay would draw while the worker is back inside MLX
-# (GIL released), which might pay on a GPU; on the 2-core CPU machine measured, 0.02 s was
-# slower than 0 in 6 of 7 paired runs (drawing at once uses the core the worker's Python
-# bookkeeping leaves idle, instead of competing with the BLAS threads).
+# with any step that arrived meanwhile (``call_later``: a 0 s Textual timer never fires, it
+# divides by its interval). A delay would draw while the worker is back inside MLX (GIL
+# released), which might pay on a GPU; on the 2-core CPU machine measured, 0.02 s was slower
+# than 0 in 6 of 7 paired runs (drawing at once uses the core the worker's Python bookkeeping
+# leaves idle, instead of competing with the BLAS threads). Those runs were made while the 0 s
+# timer drew nothing until a turn ended: worth measuring again.
 RENDER_DELAY = 0.0
 STATS_INTERVAL = 0.5  # seconds between side-panel redraws while generating (each costs ~7 ms)
 
@@ -88,6 +91,7 @@ class ChatApp(App[None], inherit_bindings=False):
         Binding("ctrl+t", "cycle_temperature", "temp"),
         Binding("ctrl+d", "cycle_drafter", "drafter"),
         Binding("ctrl+r", "toggle_rejected", "rejected"),
+        Binding("ctrl+g", "toggle_tree", "tree"),
         Binding("escape", "stop", "stop"),
         Binding("ctrl+n", "new_chat", "new chat"),
         Binding("ctrl+q", "quit", "quit", priority=True),
@@ -96,6 +100,7 @@ class ChatApp(App[None], inherit_bindings=False):
 
     settings: reactive[Settings] = reactive(Settings, init=False)
     show_rejected: reactive[bool] = reactive(False, init=False)
+    show_tree: reactive[bool] = reactive(False, init=False)
 
     def __init__(self, source: Source, settings: Settings = Settings(), *,
                  drafters: Sequence[str] = DRAFTERS, temperatures: Sequence[float] = TEMPERATURES,
@@ -105,6 +110,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self.drafters = list(drafters) + ([settings.draft] if settings.draft not in drafters else [])
         self.temperatures = sorted(set(temperatures) | {settings.temp})
         self.set_reactive(ChatApp.settings, settings)
+        self.set_reactive(ChatApp.show_tree, settings.tree is not None)  # the tree panel: on with --tree
         self.loading_label = loading_label
         self.info: ModelInfo | None = None
         self.baseline = Baseline()
@@ -118,6 +124,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self._stats_timer: Timer | None = None
         self._unshown: list[StepData] = []  # steps received, not drawn yet
         self._show_timer: Timer | None = None
+        self._show_pending = False  # a _show_steps is on its way (timer or call_later)
         self.render_delay = RENDER_DELAY
         self._fixed_k = settings.k if isinstance(settings.k, int) else 4  # what ^o returns to from auto
         self.worker_thread_id: int | None = None  # the OS thread that owns the models
@@ -127,7 +134,12 @@ class ChatApp(App[None], inherit_bindings=False):
         yield Header()
         with Horizontal(id="main"):
             with Vertical(id="chat"):
-                yield Transcript(id="transcript")
+                with Horizontal(id="body"):
+                    yield Transcript(id="transcript")
+                    panel = TreePanel(id="tree")
+                    panel.display = self.show_tree
+                    panel.note = self._tree_note(self.settings, before=True)
+                    yield panel
                 yield Legend(id="legend")
                 yield Prompt(placeholder="Ask something, Enter to send", id="prompt")
             yield StatsPanel(self.settings, id="stats")
@@ -206,17 +218,35 @@ class ChatApp(App[None], inherit_bindings=False):
             return  # a turn the user has already cleared away
         self.stats.add(message.step)
         self._unshown.append(message.step)  # drawn by _show_steps, see RENDER_DELAY
-        if self._show_timer is None:
-            self._show_timer = self.set_timer(self.render_delay, self._show_steps)
+        if not self._show_pending:
+            self._show_pending = True
+            if self.render_delay > 0:
+                self._show_timer = self.set_timer(self.render_delay, self._show_steps)
+            else:  # a 0 s Timer never fires (Textual divides by its interval): the next loop turn
+                self.call_later(self._show_steps)
 
     def _show_steps(self) -> None:
+        self._show_pending = False
         if self._show_timer is not None:
             self._show_timer.stop()
             self._show_timer = None
         steps, self._unshown = self._unshown, []
         if steps and self.answer is not None:
+            self._show_tree(self.answer, steps)
             self.answer.add(steps)
             self._refresh_stats(throttle=True)
+
+    def _show_tree(self, answer: Answer, steps: list[StepData]) -> None:
+        """Hand the tree panel the batch's last tree step (once per batch, however many steps
+        and tokens it holds), with the text of the token its tree grew from."""
+        last = max((i for i, st in enumerate(steps) if st.nodes is not None), default=None)
+        if last is None:
+            return
+        root = next((p.text for st in reversed(steps[:last]) for p in reversed(st.pieces) if p.emitted), None)
+        if root is None:
+            root = next((p.text for p in reversed(answer.pieces) if p.emitted), None)
+        number = len(self.stats.steps) - len(steps) + last + 1 if self.stats is not None else None
+        self.query_one(TreePanel).show_step(steps[last], root, number)
 
     def on_turn_ended(self, message: TurnEnded) -> None:
         self._worker_idle(message.turn)
@@ -265,19 +295,42 @@ class ChatApp(App[None], inherit_bindings=False):
         settings = replace(self.settings, seed=self.settings.seed + self.turn)
         self.transcript.add_user(text)
         self.answer = self.transcript.add_answer(settings.label, self.show_rejected)
+        self.query_one(TreePanel).show_note(self._tree_note(settings))
         self.stats = TurnStats(started=self.clock(), k=settings.turn_k)
         self.running = TurnRequest(self.turn, list(self.history), settings, threading.Event())
         self._requests.put(self.running)
         self._refresh_stats()
 
     def action_change_k(self, delta: int) -> None:
-        """K+/K-; from auto, a fixed K next to the last fixed one."""
+        """K+/K-; from auto, a fixed K next to the last fixed one; with a tree, its depth."""
+        if self.settings.tree is not None:
+            self._change_depth(delta)
+            return
         k = self.settings.k
         base = self._fixed_k if k == AUTO else k
         self.settings = replace(self.settings, k=max(K_MIN, min(K_MAX, base + delta)))
 
+    def _change_depth(self, delta: int) -> None:
+        """The tree one level deeper or shallower: same branching, same node cap (if any)."""
+        tree = self.settings.tree
+        if tree.auto:
+            self.notify("An auto tree grows its own shape each step; start with --tree DxB for a fixed one.",
+                        severity="warning")
+            return
+        cap = None if tree.max_nodes == min(full_size(tree.depth, tree.branch), MAX_TREE_NODES + 1) else tree.max_nodes
+        try:
+            deeper = parse_tree(f"{max(1, tree.depth + delta)}x{tree.branch}", cap)
+        except MlxspecError as e:
+            self.notify(str(e), severity="warning")
+            return
+        self.settings = replace(self.settings, tree=deeper)
+
     def action_toggle_auto_k(self) -> None:
         """Auto K on, or back to the last fixed K."""
+        if self.settings.tree is not None:
+            self.notify("A tree keeps its shape (^k / ^j change its depth); auto K picks chain lengths.",
+                        severity="warning")
+            return
         k = self.settings.k
         if k != AUTO:
             self._fixed_k = k
@@ -299,6 +352,9 @@ class ChatApp(App[None], inherit_bindings=False):
     def action_toggle_rejected(self) -> None:
         self.show_rejected = not self.show_rejected
 
+    def action_toggle_tree(self) -> None:
+        self.show_tree = not self.show_tree
+
     def action_stop(self) -> None:
         if self.running is not None:
             self.running.stop.set()
@@ -313,6 +369,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self.answer = self.stats = None
         self.transcript.clear()
         self.transcript.add_note("New chat.")
+        self.query_one(TreePanel).show_note(self._tree_note(self.settings, before=True))
         self._refresh_stats()
 
     def watch_settings(self, settings: Settings) -> None:
@@ -323,6 +380,24 @@ class ChatApp(App[None], inherit_bindings=False):
         self.transcript.set_show_rejected(show)
         self.query_one(Legend).set_show_rejected(show)
 
+    def watch_show_tree(self, show: bool) -> None:
+        panel = self.query_one(TreePanel)
+        panel.display = show
+        if show:
+            panel.rerender()
+
+    @staticmethod
+    def _tree_note(settings: Settings, before: bool = False) -> str:
+        """What the tree panel says until a tree step comes (if one does)."""
+        if settings.drafter == "none":
+            return "No tree: this turn decodes with the target alone."
+        if settings.tree is None:
+            return ("No tree: this turn drafts a chain. Start the chat with --tree DxB (e.g. --tree 3x2) "
+                    "to draft trees.")
+        shape = "an auto" if settings.tree.auto else f"a {settings.tree}"
+        return ("No tree yet: " if before else "Waiting for the first step: ") + \
+            f"each step drafts {shape} tree of up to {settings.tree.nodes} nodes."
+
     def wait_for_worker_exit(self, timeout: float = 2.0) -> None:
         """Call after ``run()`` returns, before the process exits (see ``wait_for_thread_exit``)."""
         wait_for_thread_exit(self.worker_thread_id, timeout)
@@ -332,7 +407,7 @@ class ChatApp(App[None], inherit_bindings=False):
         if self.info is None:
             return
         i, s = self.info, self.settings
-        draft = f"{s.drafter} K={s.k}" if s.drafter != "none" else "no draft"
+        draft = f"{s.drafter} {s.shape}" if s.drafter != "none" else "no draft"
         self.sub_title = f"{i.target} {i.dtype} + {draft} │ {i.backend}"
 
     def _refresh_stats(self, throttle: bool = False) -> None:
@@ -353,9 +428,10 @@ class ChatApp(App[None], inherit_bindings=False):
 
 def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float = 0.0,
              top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False,
-             system: str | None = None) -> None:
+             system: str | None = None, backend: str = "mlx", tree: TreeShape | None = None) -> None:
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
-    starts; a model that fails to load is reported inside the UI."""
+    starts; a model that fails to load is reported inside the UI. ``tree``: draft trees of that
+    shape (``--tree``, checked by the CLI) instead of chains of K; it needs a drafter."""
     from mlxspec.core.autok import parse_k_option
     from mlxspec.core.sampling import SamplingParams
     from mlxspec.runtime import DTYPES
@@ -366,9 +442,18 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
         raise MlxspecError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    if tree is not None and draft in ("none", ""):
+        raise MlxspecError("--tree needs a drafter, but --draft is none (try --draft self:8)")
+    if tree is not None and k == AUTO:
+        k = 4  # unused while the tree is on; nothing to measure for it
     settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=temp,
-                        top_p=top_p, max_tokens=max_tokens, system=system)
-    app = ChatApp(ModelSource(target, dtype, auto_k=k == AUTO, remeasure_cost=remeasure_cost), settings,
+                        top_p=top_p, max_tokens=max_tokens, system=system, tree=tree)
+    if backend != "mlx":  # refuse a missing torch or device before the UI starts
+        from mlxspec.torchpath import pick_device, split_backend
+
+        pick_device(split_backend(backend))
+    source = ModelSource(target, dtype, auto_k=k == AUTO, remeasure_cost=remeasure_cost, backend=backend)
+    app = ChatApp(source, settings,
                   loading_label=f"model {target!r}")
     app.run()
     app.wait_for_worker_exit()

@@ -32,6 +32,7 @@ class StepData:
     pieces: tuple[Piece, ...]  # one per engine token, rejected drafts included
     step: Step
     t: float  # the app clock when the worker received the step
+    nodes: tuple[str, ...] | None = None  # a tree step's nodes as text, one per ``step.tree.tokens``
 
     @property
     def k(self) -> int:
@@ -63,12 +64,14 @@ def turn_result(run: Run, tail: str) -> TurnResult:
 
 
 def step_data(step: Step, decoder: TextDecoder, t: float) -> StepData:
-    """Decode one engine step into text pieces (in the worker thread)."""
+    """Decode one engine step into text pieces, and a tree step's nodes each on its own (in the
+    worker thread)."""
     pieces = tuple(
         Piece(decoder.alone(tok.id) if tok.status is Status.REJECTED else decoder.add(tok.id), tok.status)
         for tok in step.tokens
     )
-    return StepData(pieces, step, t)
+    nodes = None if step.tree is None else tuple(decoder.alone(tok) for tok in step.tree.tokens)
+    return StepData(pieces, step, t, nodes)
 
 
 class ModelReady(Message):

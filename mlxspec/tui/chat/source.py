@@ -19,6 +19,7 @@ from mlxspec.core.events import Event
 
 if TYPE_CHECKING:
     from mlxspec.core.drafters import Drafter
+    from mlxspec.core.tree import TreeShape
     from mlxspec.targets.loading import LoadedModel
 
 # What the keys cycle through; a --draft / --temp from the command line is added if missing.
@@ -40,6 +41,7 @@ class Settings:
     max_tokens: int = 512
     seed: int = 0
     system: str | None = None  # a system message before every conversation (--system-prompt)
+    tree: TreeShape | None = None  # --tree DxB: draft trees of this shape instead of chains (K unused)
 
     @property
     def drafter(self) -> str:
@@ -53,11 +55,18 @@ class Settings:
 
         if self.drafter == "none":
             return 0
+        if self.tree is not None:
+            return self.tree.depth
         return DEFAULT_MAX_K if self.k == AUTO else int(self.k)
 
     @property
+    def shape(self) -> str:
+        """How much is drafted per step: ``K=4``, ``K=auto`` or ``tree=3x2``."""
+        return f"K={self.k}" if self.tree is None else f"tree={self.tree}"
+
+    @property
     def label(self) -> str:
-        spec = "target only" if self.drafter == "none" else f"{self.drafter} K={self.k}"
+        spec = "target only" if self.drafter == "none" else f"{self.drafter} {self.shape}"
         top_p = f" top-p={self.top_p:g}" if self.top_p < 1 else ""
         return f"{spec} · T={self.temp:g}{top_p}"
 
@@ -129,14 +138,15 @@ class ModelSource:
 
     def __init__(self, target: str = "default", dtype: str = "auto", *,
                  loaded: LoadedModel | None = None, baseline_tokens: int = 8,
-                 auto_k: bool = False, remeasure_cost: bool = False):
-        self.target, self.dtype = target, dtype
+                 auto_k: bool = False, remeasure_cost: bool = False, backend: str = "mlx"):
+        self.target, self.dtype, self.backend = target, dtype, backend
         self.lm = loaded
         self.baseline_tokens = baseline_tokens  # 0: do not measure
         self.auto_k = auto_k  # load() then readies the verify-cost curve (measured once, cached)
         self.remeasure_cost = remeasure_cost
         self._drafters: dict[str, Drafter | None] = {}
         self._policies: dict[str, object] = {}  # one AutoK per drafter, learning across turns
+        self._auto_trees: dict[TreeShape, TreeShape] = {}  # --tree auto, with this machine's verify costs
         self.kept = PromptCache()  # the target's cache from the last turn: a new turn prefills only itself
 
     def load(self) -> ModelInfo:
@@ -144,11 +154,14 @@ class ModelSource:
         from mlxspec.targets import loading
 
         if self.lm is None:
-            self.lm = loading.load(self.target, self.dtype)
+            self.lm = loading.load(self.target, self.dtype, self.backend)
         if self.auto_k:
             self.cost_curve()
+        on_mlx = getattr(self.lm, "backend", "mlx") == "mlx"
         return ModelInfo(self.lm.name, self.lm.dtype, self.lm.context_length,
-                         runtime.backend_description(), runtime.device_name(), self.measure_baseline())
+                         runtime.backend_description() if on_mlx else runtime.torch_description(self.lm.backend),
+                         runtime.device_name() if on_mlx else self.lm.backend.partition(":")[2],
+                         self.measure_baseline())
 
     def measure_baseline(self) -> float | None:
         """Median ms per token of target-only decoding (a short greedy run, EOS ignored).
@@ -198,6 +211,18 @@ class ModelSource:
         assert isinstance(policy, AutoK)
         return policy
 
+    def tree(self, shape: TreeShape) -> TreeShape:
+        """A tree shape as the engine takes it: ``auto`` with this machine's verify costs
+        (``costcurve.tree_costs``, measured once), a static shape as it is."""
+        from mlxspec.measure.costcurve import tree_costs
+
+        if not shape.auto:
+            return shape
+        if shape not in self._auto_trees:
+            self._auto_trees[shape] = tree_costs(shape, self.lm, self.remeasure_cost, log=None)
+            self.remeasure_cost = False
+        return self._auto_trees[shape]
+
     def drafter(self, spec: str) -> Drafter | None:
         from mlxspec.targets.drafts import make_drafter
 
@@ -215,8 +240,10 @@ class ModelSource:
         drafter = self.drafter(settings.drafter)
         system = [{"role": "system", "content": settings.system}] if settings.system else []
         ids = encode_prompt(lm.tokenizer, system + messages)
+        tree = self.tree(settings.tree) if drafter is not None and settings.tree is not None else None
+        k = tree.depth if tree is not None else self.k_policy(settings, drafter)  # a tree's depth is its K
         events = generate(lm.model, ids, params, settings.max_tokens, stop_token_ids(lm.tokenizer),
-                          lm.context_length, settings.seed, drafter, self.k_policy(settings, drafter), self.kept)
+                          lm.context_length, settings.seed, drafter, k, self.kept, tree=tree)
         try:
             yield from events
         finally:

@@ -7,6 +7,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
+from mlxspec.core.tree import depths
 from mlxspec.measure.runs import RunCollector, acceptance_by_position
 
 from .messages import StepData, TurnResult
@@ -33,10 +34,20 @@ class TurnStats:
     steps: list[StepData] = field(default_factory=list)
     result: TurnResult | None = None
     collector: RunCollector = field(default_factory=RunCollector)  # the run so far
+    # How deep each step drafted: K for a chain, the deepest node for a tree (whose K is its
+    # node count); acceptance by position and the length histogram go by depth.
+    reach: list[int] = field(default_factory=list)
 
     def add(self, step: StepData) -> None:
         self.steps.append(step)
         self.collector.add(step.step)
+        tree = step.step.tree
+        self.reach.append(step.k if tree is None else max(depths(tree.parents), default=0))
+
+    @property
+    def tree(self) -> bool:
+        """Whether this turn drafted trees."""
+        return any(s.step.tree is not None for s in self.steps)
 
     @property
     def tokens(self) -> int:
@@ -94,17 +105,16 @@ class TurnStats:
 
     @property
     def k_max(self) -> int:
-        return max(self.k, max(self.collector.drafted, default=0))
+        return max(self.k, max(self.reach, default=0))
 
     def position_rates(self) -> list[tuple[int, float | None]]:
-        """For each draft position i = 1..K: how often it was accepted, over the steps that
-        drafted at least i tokens (None while no step has)."""
-        c = self.collector
-        return list(enumerate(acceptance_by_position(c.accepted, c.drafted, self.k_max), 1))
+        """For each draft position (tree depth) i = 1..K: how often it was accepted, over the
+        steps that drafted at least that deep (None while no step has)."""
+        return list(enumerate(acceptance_by_position(self.collector.accepted, self.reach, self.k_max), 1))
 
     def length_histogram(self) -> list[tuple[int, int]]:
         """(accepted length, number of speculative steps) for every length 0..K."""
-        counts = Counter(a for a, d in zip(self.collector.accepted, self.collector.drafted) if d > 0)
+        counts = Counter(a for a, d in zip(self.collector.accepted, self.reach) if d > 0)
         return [(n, counts[n]) for n in range(self.k_max + 1)] if self.k_max else []
 
     def mean_draft_ms(self) -> float | None:

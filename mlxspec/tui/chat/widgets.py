@@ -217,7 +217,10 @@ def render_stats(stats: TurnStats | None, settings: Settings, baseline: Baseline
     head("Settings (next turn)")
     row("speculation", "on" if settings.speculate else "off")
     row("drafter", settings.draft + ("" if settings.speculate else " (unused)"))
-    row("K", str(settings.k))
+    if settings.tree is None:
+        row("K", str(settings.k))
+    else:
+        row("tree", f"{settings.tree} ({settings.tree.nodes} nodes)")
     row("temperature", f"{settings.temp:g}" + (f"  top-p {settings.top_p:g}" if settings.top_p < 1 else ""))
 
     s = stats
@@ -229,12 +232,13 @@ def render_stats(stats: TurnStats | None, settings: Settings, baseline: Baseline
 
     head("\nSpeculation")
     row("steps", str(len(s.steps)) if s else "–")
+    tree = bool(s and s.tree)
     k_now = s and s.k_now()
-    row("K in use", "–" if k_now is None else f"{k_now}  (mean {s.mean_k():.1f})")
+    row("nodes/step" if tree else "K in use", "–" if k_now is None else f"{k_now}  (mean {s.mean_k():.1f})")
     row("accepted/step", _num(s and s.accepted_per_step(), ".2f"))
     row("tokens/step", _num(s and s.tokens_per_step(), ".2f"))
     rate = s and s.acceptance_rate()
-    row("acceptance", "–" if rate is None else f"{rate:.0%}")
+    row("nodes kept" if tree else "acceptance", "–" if rate is None else f"{rate:.0%}")
     row("draft ms/step", _num(s and s.mean_draft_ms(), ".1f"))
     row("verify ms/step", _num(s and s.mean_verify_ms(), ".1f"))
 
@@ -242,7 +246,7 @@ def render_stats(stats: TurnStats | None, settings: Settings, baseline: Baseline
     # panel keeps its height through a turn (a height change costs a whole-screen layout).
     positions = s.position_rates() if s else []
     if positions:
-        head("\nAccepted by draft position")
+        head("\nAccepted by tree depth" if tree else "\nAccepted by draft position")
         for i, r in positions:
             t.append(f"{i:>3} ", "dim")
             t.append_text(_bar(r or 0.0, bar_width, hue))
@@ -279,6 +283,95 @@ class StatsPanel(Themed, VerticalScroll):
 
     def rerender(self) -> None:
         update_in_place(self.body, render_stats(self.stats, self.settings, self.baseline, self.busy, self.dark))
+
+
+def _visible(text: str, limit: int = 18) -> str:
+    """A token's text with its white space made visible, cut to ``limit`` characters."""
+    shown = text.replace(" ", "·").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def render_tree(data: StepData, root: str | None, number: int | None = None, dark: bool = True) -> Text:
+    """One tree step as an indented tree below the last committed token (``root``: its text,
+    None at the start of a reply): the accepted path in the accepted tokens' colour, the other
+    branches dimmed, and the target's own token under the last accepted node, in the colour the
+    text gives it (a correction or a bonus), or an end mark where the reply ended instead (a
+    stop token, the token limit)."""
+    tree = data.step.tree
+    assert tree is not None and data.nodes is not None
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        children.setdefault(p, []).append(i)
+    on_path = set(tree.path)
+    last = tree.path[-1] if tree.path else -1
+    own = next((p for p in reversed(data.pieces) if p.status in (Status.CORRECTED, Status.BONUS)), None)
+    hue = status_style(Status.ACCEPTED, dark)
+
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("Last step's tree" + (f" (step {number})" if number else "") + "\n", "bold underline")
+    t.append(f"{len(tree.tokens)} nodes, {len(tree.path)} accepted\n", "dim")
+    t.append("● ", "dim")
+    t.append(_visible(root) if root is not None else "(prompt)", "dim italic")
+
+    def branch(node: int, prefix: str) -> None:
+        below: list[int | None] = list(children.get(node, []))
+        if node == last:
+            below.append(None)  # the target's token
+        for j, child in enumerate(below):
+            end = j == len(below) - 1
+            t.append("\n" + prefix + ("└─ " if end else "├─ "), "dim")
+            if child is None and own is None:
+                t.append("∎ ◂ the reply ends", "dim")
+            elif child is None:
+                t.append(_visible(own.text), status_style(own.status, dark))
+                t.append(f" ◂ target ({own.status.value})", "dim")
+            if child is None:
+                continue
+            t.append(_visible(data.nodes[child]), hue if child in on_path else "dim")
+            branch(child, prefix + ("   " if end else "│  "))
+
+    branch(-1, "")
+    return t
+
+
+class TreePanel(Themed, VerticalScroll):
+    """The last tree step of the turn on screen (``render_tree``), or a note saying why there
+    is none. The app hands it a step at most once per drawn batch of steps; while hidden it
+    only keeps the latest. Its text never gets shorter (blank lines pad it to the tallest so
+    far): trees differ in size from step to step, and a change of height would cost a layout
+    pass of the whole screen."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.body = Static(id="tree-body")
+        self.step: StepData | None = None
+        self.root: str | None = None
+        self.number: int | None = None
+        self.note = "No tree yet: the last step's draft tree shows here."
+        self.lines = 0  # the tallest text so far
+
+    def compose(self) -> ComposeResult:
+        yield self.body
+
+    def show_step(self, step: StepData, root: str | None, number: int | None = None) -> None:
+        self.step, self.root, self.number, self.note = step, root, number, ""
+        if self.display:
+            self.rerender()
+
+    def show_note(self, note: str) -> None:
+        self.step, self.note = None, note
+        if self.display:
+            self.rerender()
+
+    def rerender(self) -> None:
+        content = (render_tree(self.step, self.root, self.number, self.dark) if self.step is not None
+                   else Text(self.note, "dim"))
+        width = self.body.content_size.width or self.content_size.width
+        height = len(content.wrap(self.app.console, width)) if width else content.plain.count("\n") + 1
+        if height < self.lines:
+            content.append("\n" * (self.lines - height))
+        self.lines = max(self.lines, height)
+        update_in_place(self.body, content)
 
 
 def summary_line(stats: TurnStats, result: TurnResult) -> str:

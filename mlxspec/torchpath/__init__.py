@@ -1,0 +1,86 @@
+"""The PyTorch path: the same engine on PyTorch (CPU, CUDA, MPS).
+
+The parts that touch arrays are written again for torch, one file per concern as in
+``mlxspec/core``: the llama module with masks and per-token positions (``model``), a trimmable
+KV cache (``cache``), the sampling transforms (``sampling``), every acceptance rule
+(``verify``). ``ops`` names them for the engine and the drafters, which are shared: a module
+says which backend it runs on by its ``ops`` attribute. Weights come from the project's one
+loader (``targets.loading``) and are copied into torch tensors (``from_mlx``).
+
+torch is an optional extra (``pip install 'mlxspec[torch]'``); nothing here is imported unless
+``--backend torch`` asks for it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mlxspec.errors import MlxspecError
+
+BACKENDS = ("mlx", "torch")
+DEVICES = ("cpu", "cuda", "mps")
+INSTALL_HINT = "pip install 'mlxspec[torch]' (or `make setup`, which installs it)"
+
+
+def backend_spec(backend: str, device: str | None) -> str:
+    """``--backend`` and ``--device`` as one string: "mlx", or "torch:DEVICE" ("torch" alone:
+    the best device here, chosen at load time)."""
+    if backend not in BACKENDS:
+        raise MlxspecError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if backend == "mlx":
+        if device not in (None, "auto"):
+            raise MlxspecError("--device chooses a torch device; MLX picks its own (add --backend torch)")
+        return "mlx"
+    if device not in (None, "auto", *DEVICES):
+        raise MlxspecError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
+    return "torch" if device in (None, "auto") else f"torch:{device}"
+
+
+def split_backend(spec: str) -> str | None:
+    """The device of a "torch[:DEVICE]" backend string (None: the best here)."""
+    if spec != "torch" and not spec.startswith("torch:"):
+        raise MlxspecError(f"unknown backend {spec!r}; choose mlx or torch")
+    return spec.partition(":")[2] or None
+
+
+def require_torch():
+    """The torch module, or one clear error saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise MlxspecError(f"--backend torch needs PyTorch, which is not installed: {INSTALL_HINT}") from None
+    return torch
+
+
+def available_devices() -> list[str]:
+    """The torch devices this machine has, best first."""
+    torch = require_torch()
+    found = []
+    if torch.cuda.is_available():
+        found.append("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        found.append("mps")
+    return found + ["cpu"]
+
+
+def pick_device(device: str | None) -> str:
+    """``device`` if this machine has it (None: the best one it has), else one error naming
+    the devices that are available."""
+    have = available_devices()
+    if device is None or device == "auto":
+        return have[0]
+    if device not in DEVICES:
+        raise MlxspecError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
+    if device not in have:
+        why = " (MPS is Apple silicon only)" if device == "mps" and sys.platform != "darwin" else ""
+        raise MlxspecError(f"device {device!r} is not available here{why}; available: {', '.join(have)}")
+    return device
+
+
+def default_dtype(device: str) -> str:
+    """float32 on the CPU (exact enough to match MLX to 1e-4); half precision on accelerators,
+    bfloat16 where the device has it, as the MLX path runs half or 4-bit on the GPU."""
+    if device == "cpu":
+        return "float32"
+    return "bfloat16" if device == "cuda" else "float16"

@@ -1,0 +1,59 @@
+"""A loaded model and its drafter, moved onto torch: the project's one loader reads the
+weights (as MLX arrays, float32), ``from_mlx`` copies them into the torch twins."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from mlxspec.core.drafters import ModelDrafter, NgramDrafter
+from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
+from mlxspec.core.model import Llama as MlxLlama
+from mlxspec.errors import MlxspecError
+from mlxspec.torchpath import default_dtype, pick_device
+from mlxspec.torchpath import ops as torch_ops
+from mlxspec.torchpath.model import DTYPES, DraftModel, EagleHead as TorchEagleHead, Llama
+
+
+def torch_dtype(dtype: str, device: str) -> str:
+    if dtype == "auto":
+        return default_dtype(device)
+    if dtype not in DTYPES:
+        raise MlxspecError(f"--dtype {dtype} is not available on the torch backend; choose auto, {', '.join(DTYPES)}")
+    return dtype
+
+
+def to_torch(source: Any, dtype: str = "auto", device: str | None = None) -> Any:
+    """A ``LoadedModel`` read by ``loading.load`` in float32, moved onto torch: the same
+    weights, on ``device`` (None: the best here), in ``dtype`` (auto: per device)."""
+    device = pick_device(device)
+    dtype = torch_dtype(dtype, device)
+    model = Llama.from_mlx(source.model, device, dtype)
+    return replace(source, model=model, dtype=dtype, backend=f"torch:{device}", source=source)
+
+
+def drafter_on_torch(drafter: Any, target: Any) -> Any:
+    """The torch twin of a drafter made for ``target.source`` (the MLX model ``target`` was
+    copied from): the same weights, the same cache discipline, torch's arrays."""
+    model = target.model
+    if drafter is None:
+        return None
+    if isinstance(drafter, NgramDrafter):
+        return NgramDrafter(drafter.n, drafter.min_n, ops=torch_ops)
+    if isinstance(drafter, EagleDrafter):
+        if not isinstance(drafter.head, EagleHead):
+            raise MlxspecError(f"cannot move drafter {drafter.name!r} to torch")
+        return EagleDrafter(TorchEagleHead.from_mlx(drafter.head, model), drafter.name)
+    if isinstance(drafter, ModelDrafter):
+        draft = drafter.model
+        if draft is target.source.model:  # self:L: the target's own first layers
+            return ModelDrafter(model, drafter.name, drafter.num_layers)
+        if isinstance(draft, MlxLlama):
+            dtype = next(iter(model.parameters())).dtype
+            return ModelDrafter(Llama.from_mlx(draft, str(model.device), _dtype_name(dtype)), drafter.name)
+        return ModelDrafter(DraftModel.from_mlx(draft, model), drafter.name)
+    raise MlxspecError(f"drafter {drafter.name!r} has no torch version")
+
+
+def _dtype_name(dtype: Any) -> str:
+    return next(name for name, d in DTYPES.items() if d == dtype)

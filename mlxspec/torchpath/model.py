@@ -1,0 +1,310 @@
+"""The llama module for torch, with the call of ``core.model.Llama``: explicit masks and
+per-token positions (trees), the first L blocks only (self:L), the final hidden states (eagle
+heads). Also the two trained drafters that carry weights, the draft model and the eagle head.
+
+Each is built from its MLX twin (``from_mlx``) with the same parameter names, so the weights
+are the ones the project's loader read, copied tensor by tensor. The arithmetic follows
+``core.model``: RoPE with the same frequencies (read off the MLX module), RMSNorm, SiLU MLP,
+grouped-query attention with a boolean mask (True: attend).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mlx.utils import tree_flatten
+from torch import nn
+
+from mlxspec.core.model import LlamaConfig, layer_rope, rope_type
+from mlxspec.core.target import Capabilities
+from mlxspec.errors import MlxspecError
+from mlxspec.torchpath import ops
+from mlxspec.torchpath.cache import KVCache
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def check_supported(cfg: LlamaConfig) -> None:
+    """The torch module implements llama-type blocks (llama, mistral, qwen2, qwen3); the
+    other families' extras run on the MLX backend only."""
+    extras = {
+        "Gemma blocks": cfg.gemma, "embedding scale": cfg.embed_scale is not None,
+        "soft-capping": bool(cfg.attn_softcap or cfg.final_softcap), "sliding-window layers": cfg.sliding_window is not None,
+        "partial RoPE": cfg.partial_rotary_factor != 1.0,
+        "long-context RoPE": rope_type(cfg.rope_scaling) in ("longrope", "su"),
+    }
+    missing = [name for name, used in extras.items() if used]
+    if missing:
+        raise MlxspecError(f"the torch backend implements llama-type blocks; this {cfg.model_type} model uses "
+                           f"{', '.join(missing)}: run it with --backend mlx")
+
+
+def _tensor(x: mx.array, device: str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_numpy(np.array(x.astype(mx.float32))).to(device=device, dtype=dtype)
+
+
+def _load(module: nn.Module, mlx_module: Any, device: str, dtype: torch.dtype) -> None:
+    """Copy every parameter of ``mlx_module`` into ``module`` by name (both sides must hold the
+    same set: a quantized MLX model has scales the torch module has no place for)."""
+    params = dict(tree_flatten(mlx_module.parameters()))
+    if any(k.endswith(".scales") for k in params):
+        raise MlxspecError("the torch backend needs float weights; load the model with --dtype float32")
+    state = {k: _tensor(v, device, dtype) for k, v in params.items()}
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise MlxspecError(f"weights do not fit the torch module: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    module.to(device=device, dtype=dtype).requires_grad_(False)  # load_state_dict keeps the module's float32
+
+
+class Rope:
+    """RoPE tables for one pass, from the MLX module's own frequencies (``layer_rope``)."""
+
+    def __init__(self, cfg: LlamaConfig, device: str):
+        r = layer_rope(cfg)
+        inv = 1.0 / r.periods if r.periods is not None else r.base ** (-mx.arange(0, r.dims, 2, dtype=mx.float32) / r.dims)
+        self.inv = torch.from_numpy(np.array(inv.astype(mx.float32))).to(device)
+        self.scale, self.traditional = r.scale, r.traditional
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each (1, 1, L, D/2), at ``positions`` (L,)."""
+        angles = (positions.to(torch.float32) * self.scale)[:, None] * self.inv[None, :]
+        return torch.cos(angles).to(dtype)[None, None], torch.sin(angles).to(dtype)[None, None]
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.traditional:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dims: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dims))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(hd, cfg.rms_norm_eps), RMSNorm(hd, cfg.rms_norm_eps)
+
+    def forward(self, x, mask, cache: KVCache | None, rope: Rope, cos, sin) -> torch.Tensor:
+        cfg = self.cfg
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, cfg.num_heads, -1)
+        k = self.k_proj(x).view(B, L, cfg.num_kv_heads, -1)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope.rotate(q.transpose(1, 2), cos, sin), rope.rotate(k.transpose(1, 2), cos, sin)
+        v = self.v_proj(x).view(B, L, cfg.num_kv_heads, -1).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.attn_scale,
+                                             enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, mask, cache, rope, cos, sin) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), mask, cache, rope, cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def pass_inputs(length: int, offset: int, mask, positions, device) -> tuple[Any, torch.Tensor]:
+    """The boolean mask (None for one token) and positions (L,) of a pass of ``length``
+    tokens after ``offset`` cached ones, as ``core.model.Llama`` reads its arguments."""
+    if isinstance(mask, np.ndarray):
+        mask = torch.from_numpy(mask)
+    if isinstance(mask, str) or (mask is None and length > 1):
+        rows = torch.arange(offset, offset + length, device=device)
+        mask = rows[:, None] >= torch.arange(offset + length, device=device)[None]
+    elif mask is not None:
+        mask = mask.to(device)
+        if mask.dtype != torch.bool:  # additive: 0 where attended
+            mask = mask == 0
+    if positions is None:
+        positions = torch.arange(offset, offset + length, device=device)
+    return mask, positions.to(device)
+
+
+class Llama(nn.Module):
+    """``model(tokens, cache)`` -> logits (B, L, V); the arguments of ``core.model.Llama``."""
+
+    capabilities = Capabilities(tree_masks=True, partial_layers=True, hidden_states=True)
+    ops = ops
+
+    def __init__(self, cfg: LlamaConfig, device: str = "cpu"):
+        super().__init__()
+        check_supported(cfg)
+        self.cfg = cfg
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = nn.ModuleList([Block(cfg) for _ in range(cfg.num_layers)])
+        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope = Rope(cfg, device)
+
+    @classmethod
+    def from_mlx(cls, mlx_model: Any, device: str = "cpu", dtype: str = "float32") -> Llama:
+        if not hasattr(mlx_model, "cfg"):
+            raise MlxspecError("the torch backend needs a family our llama module implements "
+                               "(this model runs through mlx-lm's own class): use --backend mlx")
+        model = cls(mlx_model.cfg, device)
+        _load(model, mlx_model, device, DTYPES[dtype])
+        return model
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.model.layers
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def blocks(self, h: torch.Tensor, cache, mask, positions, num_layers: int | None = None) -> torch.Tensor:
+        offset = cache[0].offset if cache else 0
+        mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
+        cos, sin = self.rope.tables(positions, h.dtype)
+        layers = self.layers[:num_layers]
+        for layer, c in zip(layers, cache or [None] * len(layers)):
+            h = layer(h, mask, c, self.rope, cos, sin)
+        return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.model.embed_tokens.weight.T if self.cfg.tie_embeddings else self.lm_head(h)
+
+    def forward(self, tokens: torch.Tensor, cache: list[KVCache] | None, mask=None, positions=None,
+                num_layers: int | None = None, return_hidden: bool = False):
+        h = self.blocks(self.model.embed_tokens(tokens.to(self.device)), cache, mask, positions, num_layers)
+        h = self.model.norm(h)
+        logits = self.head(h)
+        return (logits, h) if return_hidden else logits
+
+
+def _full_logits(reduced: torch.Tensor, vocab_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Reduced logits (..., n) over ``vocab_ids`` -> the full vocabulary, -inf elsewhere."""
+    full = reduced.new_full((*reduced.shape[:-1], vocab), float("-inf"))
+    full[..., vocab_ids] = reduced
+    return full
+
+
+def _reduced_twin(module: nn.Module, mlx_module: Any, target: Llama) -> nn.Module:
+    """``module`` with the weights of ``mlx_module`` (a draft or head over ``vocab_ids``, part of
+    the vocabulary), in the target's device and dtype."""
+    _load(module, mlx_module, str(target.device), target.model.embed_tokens.weight.dtype)
+    module.vocab_ids = torch.from_numpy(np.array(mlx_module.vocab_ids)).long().to(target.device)
+    return module
+
+
+class DraftModel(nn.Module):
+    """``training.draft.DraftModel`` for torch: blocks on the target's embedding table, a head
+    over a frequency-ranked subset; full-vocabulary logits, -inf outside it."""
+
+    ops = ops
+
+    def __init__(self, cfg: Any, target: Llama):
+        super().__init__()
+        self.cfg = cfg
+        lc = cfg.llama_config()
+        if cfg.hidden_size != cfg.target_hidden:
+            self.embed_proj = nn.Linear(cfg.target_hidden, cfg.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Block(lc) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.head_vocab, bias=False)
+        self.rope = Rope(lc, str(target.device))
+        self.target = [target]  # a list: not a submodule, its weights are the target's
+
+    @classmethod
+    def from_mlx(cls, draft: Any, target: Llama) -> DraftModel:
+        return _reduced_twin(cls(draft.cfg, target), draft, target)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def forward(self, tokens, cache=None, mask=None, positions=None, num_layers=None) -> torch.Tensor:
+        if num_layers is not None:
+            raise MlxspecError("the trained draft runs all its layers")
+        h = self.target[0].model.embed_tokens(tokens.to(self.lm_head.weight.device))
+        if hasattr(self, "embed_proj"):
+            h = self.embed_proj(h)
+        offset = cache[0].offset if cache else 0
+        mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
+        cos, sin = self.rope.tables(positions, h.dtype)
+        for layer, c in zip(self.layers, cache or [None] * len(self.layers)):
+            h = layer(h, mask, c, self.rope, cos, sin)
+        return _full_logits(self.lm_head(self.norm(h)), self.vocab_ids, self.cfg.target_vocab)
+
+
+class EagleHead(nn.Module):
+    """``core.drafters.eagle.EagleHead`` for torch: (features, next tokens) -> (predicted next
+    features, logits over ``vocab_ids``)."""
+
+    ops = ops
+
+    def __init__(self, cfg: Any, target: Llama):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.block = Block(cfg.block_config())
+        self.lm_head = nn.Linear(d, cfg.head_vocab, bias=False)
+        self.rope = Rope(cfg.block_config(), str(target.device))
+        self.target = [target]
+
+    @classmethod
+    def from_mlx(cls, head: Any, target: Llama) -> EagleHead:
+        return _reduced_twin(cls(head.cfg, target), head, target)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache()]
+
+    def forward(self, features, tokens, cache=None, mask=None, positions=None):
+        e = self.target[0].model.embed_tokens(tokens.to(features.device)).to(features.dtype)
+        h = self.fc(torch.cat([features, e], dim=-1))
+        offset = cache[0].offset if cache else 0
+        mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
+        cos, sin = self.rope.tables(positions, h.dtype)
+        pred = self.block(h, mask, None if cache is None else cache[0], self.rope, cos, sin)
+        return pred, self.lm_head(pred)
+
+    def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
+        return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab)

@@ -1,0 +1,104 @@
+"""Logits -> the distribution a model samples from, in torch (mirror of ``mlxspec.core.sampling``).
+
+The filters reproduce mlx-lm's ``apply_top_k``, ``apply_top_p`` and ``apply_min_p`` token for
+token, so the MLX and torch paths sample from the same support: speculative sampling is exact
+only if draft and target use the processed distributions. Ties at the top-k boundary keep the
+lowest token ids, as MLX's argpartition does on CPU. Math is float32, or float64 for float64
+logits.
+
+A key on this path is a plain int seed (0 <= key < 2**63); every random draw comes from
+``torch.Generator(device=...).manual_seed(key)``, so a result is a pure function of its inputs
+and the key on a given device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mlxspec.core.sampling import SamplingParams
+
+_KEY_BOUND = 2**63
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def generator(key: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """The generator every draw keyed by ``key`` comes from."""
+    return torch.Generator(device=device).manual_seed(key)
+
+
+def split_key(key: int, n: int) -> list[int]:
+    """``n`` independent keys derived from ``key``, the same on every device (drawn on CPU),
+    so one seed can drive several draws without reusing a stream."""
+    g = torch.Generator().manual_seed(key)
+    return torch.randint(0, _KEY_BOUND - 1, (n,), generator=g).tolist()
+
+
+def _apply_top_k(lp: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep exactly ``top_k`` tokens; a stable sort keeps the lowest ids among ties, which is
+    what MLX's argpartition does."""
+    order = torch.sort(lp, dim=-1, descending=True, stable=True).indices
+    return lp.scatter(-1, order[..., top_k:], float("-inf"))
+
+
+def _apply_top_p(lp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """mlx-lm's nucleus rule: drop the smallest tokens while the mass above them is at least
+    ``top_p`` of the total, then keep everything tied with the smallest survivor."""
+    sorted_lp = torch.sort(lp, dim=-1).values
+    sorted_probs = torch.exp(sorted_lp)
+    tail = torch.flip(torch.cumsum(torch.flip(sorted_probs[..., 1:], (-1,)), dim=-1), (-1,))
+    mass_above = torch.cat([tail, torch.zeros_like(sorted_probs[..., :1])], dim=-1)
+    total_mass = mass_above[..., :1] + sorted_probs[..., :1]
+    num_dropped = (mass_above >= top_p * total_mass).sum(dim=-1, keepdim=True)
+    threshold = sorted_lp.gather(-1, num_dropped.clamp_max(lp.shape[-1] - 1))
+    return lp.masked_fill(lp < threshold, float("-inf"))
+
+
+def _apply_min_p(lp: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens less likely than ``min_p`` times the most likely one."""
+    scaled_min_p = lp.amax(dim=-1, keepdim=True) + math.log(min_p)
+    return lp.masked_fill(lp < scaled_min_p, float("-inf"))
+
+
+def logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Normalised log-probabilities of the processed distribution, shape of logits."""
+    lp = logits.to(_work_dtype(logits))
+    if not params.greedy:
+        lp = lp / params.temperature
+    lp = lp - torch.logsumexp(lp, dim=-1, keepdim=True)
+    if params.greedy:
+        return lp
+    filtered = False
+    if 0 < params.top_k < lp.shape[-1]:
+        lp, filtered = _apply_top_k(lp, params.top_k), True
+    if params.top_p < 1:
+        lp, filtered = _apply_top_p(lp, params.top_p), True
+    if params.min_p > 0:
+        lp, filtered = _apply_min_p(lp, params.min_p), True
+    return lp - torch.logsumexp(lp, dim=-1, keepdim=True) if filtered else lp
+
+
+def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    return torch.exp(logprobs(logits, params))
+
+
+def categorical(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One draw per row of (unnormalised) log-probabilities, int32, by the Gumbel-max trick:
+    it takes any leading shape, stays on the device and never picks a -inf entry (uniforms are
+    clamped away from 0, so every Gumbel noise is finite)."""
+    u = torch.rand(logp.shape, generator=gen, dtype=logp.dtype, device=logp.device)
+    gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(logp.dtype).tiny)))
+    return torch.argmax(logp + gumbel, dim=-1).to(torch.int32)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, key: int | None) -> torch.Tensor:
+    """One token per row of ``logits`` (int32), argmax when greedy (``key`` unused then)."""
+    if params.greedy:
+        return torch.argmax(logits, dim=-1).to(torch.int32)
+    if key is None:
+        raise ValueError("sampling at temperature > 0 needs a key")
+    return categorical(logprobs(logits, params), generator(key, logits.device))
