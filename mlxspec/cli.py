@@ -415,6 +415,8 @@ def bench(
     seed: int = typer.Option(0, help="Sampling seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+    tree: Optional[str] = TreeOpt,
+    tree_nodes: Optional[int] = TreeNodesOpt,
     backend: str = BackendOpt,
     device: Optional[str] = DeviceOpt,
     torch_on: Optional[bool] = typer.Option(None, "--torch/--no-torch", help="With --baseline: also time mlxspec on PyTorch, one column per --torch-dtype (default: on when torch is installed)."),
@@ -425,6 +427,7 @@ def bench(
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
     from mlxspec.measure import bench as b
 
+    shape = _tree_option(tree, tree_nodes, k, draft)
     k = _k_option(k, draft)
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
@@ -444,9 +447,10 @@ def bench(
                                       repeats=max(repeats, 3), progress=progress, torch_dtypes=torch_cols,
                                       torch_device=torch_device, torch_threads=torch_threads or ())
         else:
-            result = b.spec_bench(_target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories, per_category,
-                                  max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, progress, dtype=dtype,
-                                  remeasure_cost=remeasure_cost)
+            result = b.spec_bench(_target(model, dtype, backend, device), draft, "auto" if k is None else k,
+                                  tuple(temps), categories, per_category, max_tokens, warmup, repeats, mlx_lm,
+                                  prompts_file, seed, progress, dtype=dtype, remeasure_cost=remeasure_cost,
+                                  tree=shape)
     if as_json:
         _print_json(result.to_json())
     else:

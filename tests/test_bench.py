@@ -401,3 +401,29 @@ def test_spec_bench_self_draft_with_mlx_lm(lm):
     out = io.StringIO()
     bench.print_spec(result, Console(file=out, width=220))
     assert "mlx-lm" in out.getvalue()
+
+
+@pytest.mark.model
+def test_spec_bench_with_a_tree(lm):
+    """``bench --tree``: the speculative runs draft trees (greedy output still the target's)."""
+    from mlxspec.core.tree import parse_tree
+
+    result = bench.spec_bench(lm, "ngram:3", k="auto", temps=(0.0,), categories=["translation"], per_category=1,
+                              max_tokens=8, warmup=0, repeats=1, with_mlx_lm=False, tree=parse_tree("2x2"))
+    overall = _check_spec_result(result, 2)
+    data = result.to_json()
+    assert data["settings"]["tree"] == "2x2" and data["settings"]["k"] == 2
+    assert "ngram:3 k=tree 2x2" in data["verdicts"][0]["text"]
+    out = io.StringIO()
+    bench.print_spec(result, Console(file=out, width=200))
+    assert "tree=2x2" in out.getvalue()
+    assert overall["greedy_identical"] is not False
+
+
+def test_bench_cli_tree_needs_a_drafter():
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--tree", "2x2", "--draft", "none"])
+    assert result.exit_code == 2 and result.output.startswith("error: --tree needs a drafter")

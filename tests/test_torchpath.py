@@ -28,7 +28,7 @@ from mlxspec.core.drafters import ModelDrafter, NgramDrafter  # noqa: E402
 from mlxspec.core.events import Done, Step  # noqa: E402
 from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
 from mlxspec.core.sampling import SamplingParams  # noqa: E402
-from mlxspec.core.tree import verify_mask, verify_positions  # noqa: E402
+from mlxspec.core.tree import parse_tree, verify_mask, verify_positions  # noqa: E402
 from mlxspec.errors import MlxspecError  # noqa: E402
 from mlxspec.torchpath import ops as torch_ops  # noqa: E402
 from mlxspec.torchpath import verify as torch_verify  # noqa: E402
@@ -242,6 +242,13 @@ def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, 
         assert [t for t, s in got if s != "REJECTED"] == reference, f"K={k}"
     if drafter is not None:
         assert _events(tm, drafter, ids, 4) == _events(lm, make_drafter(spec, lm), ids, 4)
+    if spec in ("smollm2-135m-draft", "smollm2-135m-eagle"):  # trees: masks, positions, compaction on torch
+        for tree in (parse_tree("2x2"), parse_tree("auto", 6)):
+            got = []
+            for ev in engine.generate(tm.model, ids, SamplingParams(), 12, set(), tm.context_length,
+                                      drafter=drafter, tree=tree):
+                got += ev.emitted if isinstance(ev, Step) else []
+            assert got == reference, str(tree)
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -964,7 +964,7 @@ def _peer_verdicts(head: str, o: Aggregate) -> list[Verdict]:
     return out
 
 
-def verdicts(results: Sequence[TempResult], draft: str, k: int) -> list[Verdict]:
+def verdicts(results: Sequence[TempResult], draft: str, k: int | str) -> list[Verdict]:
     """One verdict per temperature (faster / slower / no measurable difference, with its
     interval), mlxspec against mlx-lm where it ran, then problems."""
     out: list[Verdict] = []
@@ -1002,6 +1002,7 @@ class SpecSettings:
     prompts_file: str | None
     headline: str = "end-to-end tokens/s = generated tokens / (prefill_s + decode_s)"
     mlx_lm_k: int | None = None  # K of mlx-lm's peer (``MLX_LM_K_WITH_AUTO`` under --k auto)
+    tree: str | None = None  # --tree: the shape every speculative step drafts (k is then its depth)
 
 
 @dataclass(frozen=True)
@@ -1029,17 +1030,21 @@ class SpecBenchResult:
 Runner = Callable[[str, float, list[int], int], Run]
 
 
-def _spec_runner(lm, drafter, stop: set[int], params_of: dict[float, Any], peer: Peer, k: Any, seed: int) -> Runner:
+def _spec_runner(lm, drafter, stop: set[int], params_of: dict[float, Any], peer: Peer, k: Any, seed: int,
+                 tree: Any = None) -> Runner:
     """run(method, temperature, prompt ids, max tokens) for every method of the benchmark. ``k``:
     an int, or an ``AutoK`` whose ``fresh()`` copy each speculative run starts from (mlx-lm's
-    peer then drafts ``MLX_LM_K_WITH_AUTO``)."""
+    peer then drafts ``MLX_LM_K_WITH_AUTO``). ``tree``: the speculative runs draft trees of
+    that shape (mlx-lm's peer a chain of its depth)."""
     fixed = k if isinstance(k, int) else MLX_LM_K_WITH_AUTO
 
     def run(method: str, t: float, p: list[int], n: int) -> Run:
         if method == "mlx_lm":
             return mlx_lm_run(peer.target, peer.draft, lm.tokenizer, p, t, n, fixed, seed)
         policy = k if isinstance(k, int) else k.fresh()
-        return engine_run(lm, p, params_of[t], n, stop, seed, drafter if method == "spec" else None, policy)
+        spec = method == "spec"
+        return engine_run(lm, p, params_of[t], n, stop, seed, drafter if spec else None, policy,
+                          tree=tree if spec else None)
 
     return run
 
@@ -1108,6 +1113,7 @@ def spec_bench(
     progress: Progress = None,
     dtype: str = "auto",
     remeasure_cost: bool = False,
+    tree: Any = None,
 ) -> SpecBenchResult:
     """Speculative (``draft``, ``k``) against target-only decoding of ``model_spec`` (a spec for
     ``loading.load`` or an already loaded ``LoadedModel``), per Spec-Bench category and overall,
@@ -1147,9 +1153,18 @@ def spec_bench(
         peer = Peer(reason=f"mlx-lm runs on MLX only; the target runs on {lm.backend}")
     else:
         peer = mlx_lm_peer(lm, draft, drafter) if with_mlx_lm else Peer(reason="not requested (with_mlx_lm=False)")
-    policy = k_policy(k, lm, drafter, remeasure_cost, log=(lambda s: progress(0, None, s)) if progress else None)
+    say = (lambda s: progress(0, None, s)) if progress else None
+    if tree is not None:  # every speculative step drafts this shape; K is its depth
+        from mlxspec.core.drafters import can_branch
+        from mlxspec.measure.costcurve import tree_costs
+
+        if not can_branch(drafter):
+            raise MlxspecError(f"drafter {draft!r} cannot branch: --tree needs a draft model, self:L, an eagle head "
+                               "or ngram:N")
+        tree, k = tree_costs(tree, lm, remeasure_cost, log=say), tree.depth
+    policy = k_policy(k, lm, drafter, remeasure_cost, log=say)
     width = policy if isinstance(policy, int) else policy.max_k  # draft positions reported
-    run = _spec_runner(lm, drafter, stop, params_of, peer, policy, seed)
+    run = _spec_runner(lm, drafter, stop, params_of, peer, policy, seed, tree)
     methods = ["target", "spec"] + (["mlx_lm"] if peer.target is not None else [])
     runs = _time_spec_runs(run, methods, temps, items, ids, max_tokens, warmup, repeats, progress)
 
@@ -1158,9 +1173,10 @@ def spec_bench(
     settings = SpecSettings(draft, k, list(temps), cats, per_category if prompts_file is None else None, max_tokens,
                             warmup, min(max_tokens, WARMUP_TOKENS), repeats, seed, with_mlx_lm,
                             str(prompts_file) if prompts_file is not None else None,
-                            mlx_lm_k=k if isinstance(k, int) else MLX_LM_K_WITH_AUTO)
+                            mlx_lm_k=k if isinstance(k, int) else MLX_LM_K_WITH_AUTO,
+                            tree=None if tree is None else str(tree))
     return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
-                           verdicts(results, draft, k))
+                           verdicts(results, draft, k if tree is None else f"tree {tree}"))
 
 
 # ----------------------------------------------------------------------------- output
@@ -1205,8 +1221,9 @@ def _spec_table(result: SpecBenchResult, res: TempResult):
     s, h = result.settings, result.header
     peer = result.peer.target is not None
     per_cat = f" ({s.per_category} per category)" if s.per_category and not s.prompts_file else ""
+    shape = f"tree={s.tree}" if s.tree else f"k={s.k}"
     table = Table(
-        title=(f"Speculative decoding, {fmt_t(res.temperature)}: {h.model} ({h.dtype}) + {s.draft}, k={s.k} "
+        title=(f"Speculative decoding, {fmt_t(res.temperature)}: {h.model} ({h.dtype}) + {s.draft}, {shape} "
                f"— {h.backend}"),
         caption=(f"{len(result.prompts)} prompts{per_cat}, {s.max_tokens} new tokens max, {s.warmup} warm-up, "
                  f"{s.repeats} repeat(s). tok/s end-to-end (prefill included); speedup = summed spec tok/s / "
