@@ -54,14 +54,12 @@ from .source import (
 from .stats import Baseline, TurnStats
 from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, TreePanel, summary_line
 
-# Seconds from a step's arrival to drawing it. 0: on the next turn of the event loop, batched
-# with any step that arrived meanwhile (``call_later``: a 0 s Textual timer never fires, it
-# divides by its interval). A delay would draw while the worker is back inside MLX (GIL
-# released), which might pay on a GPU; on the 2-core CPU machine measured, 0.02 s was slower
-# than 0 in 6 of 7 paired runs (drawing at once uses the core the worker's Python bookkeeping
-# leaves idle, instead of competing with the BLAS threads). Those runs were made while the 0 s
-# timer drew nothing until a turn ended: worth measuring again.
-RENDER_DELAY = 0.0
+# Seconds from a step's arrival to drawing it, batching the steps that arrive meanwhile (0: on
+# the next turn of the event loop, with ``call_later``: a 0 s Textual timer never fires, it
+# divides by its interval). Drawing a line of the answer re-lays out the screen (~7 ms of the UI
+# thread); at once after every ~65 ms step that competed with decoding: the app ran at 0.91x and
+# 0.94x headless tokens/s with 0, 0.97x and 1.01x with 0.1 s (BENCHMARKS.md §6, 2026-11-30).
+RENDER_DELAY = 0.1
 STATS_INTERVAL = 0.5  # seconds between side-panel redraws while generating (each costs ~7 ms)
 
 
