@@ -63,8 +63,7 @@ def node_stats(logits: mx.array, tokens: mx.array, parents: tuple[int, ...],
     """Per node (lazy), from the verify pass's logits over [y, nodes]: the entropy of the
     target's distribution at its parent's row, that distribution's probability of the node's
     token, and its argmax (``events.NodeStats``)."""
-    lp = logits.astype(mx.float32)
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
+    lp = logprobs(logits, params)  # at T = 0: the softmax
     rows = mx.array([p + 1 for p in parents], mx.int32)
     at_parent = lp[rows]
     p = mx.exp(at_parent)

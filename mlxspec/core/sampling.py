@@ -76,14 +76,12 @@ def top_children(logits: mx.array, branch: int) -> mx.array:
 def node_probs(logits: mx.array, rows: mx.array, picked: mx.array, params: SamplingParams) -> mx.array:
     """The probability of each picked child under its parent's row of ``logits``: the softmax
     when greedy, the sampling distribution otherwise (as ``NodeStats``)."""
-    lp = logits.astype(mx.float32)
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
+    lp = logprobs(logits, params)  # at T = 0: the softmax
     return mx.exp(lp[rows, picked])
 
 
 def child_logprobs(logits: mx.array, top: mx.array, params: SamplingParams) -> mx.array:
     """(n, V) logits, (n, B) picked columns -> (n, B) each pick's log-probability under its
     row: the softmax when greedy, the sampling distribution otherwise (-inf where filtered)."""
-    lp = logits.astype(mx.float32)
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True) if params.greedy else logprobs(lp, params)
+    lp = logprobs(logits, params)  # at T = 0: the softmax
     return mx.take_along_axis(lp, top.astype(mx.int32), axis=-1)

@@ -92,15 +92,13 @@ def top_children(logits: torch.Tensor, branch: int) -> torch.Tensor:
 
 def node_probs(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, params: Any) -> torch.Tensor:
     """``core.sampling.node_probs``: each picked child's probability at its parent's row."""
-    lp = logits.float()
-    lp = torch.log_softmax(lp, dim=-1) if params.greedy else logprobs(lp, params)
+    lp = logprobs(logits, params)  # at T = 0: the softmax
     return torch.exp(lp[rows.long(), picked.long()])
 
 
 def child_logprobs(logits: torch.Tensor, top: torch.Tensor, params: Any) -> torch.Tensor:
     """``core.sampling.child_logprobs``: each picked column's log-probability under its row."""
-    lp = logits.float()
-    lp = torch.log_softmax(lp, dim=-1) if params.greedy else logprobs(lp, params)
+    lp = logprobs(logits, params)  # at T = 0: the softmax
     return lp.gather(-1, top.long())
 
 
@@ -108,8 +106,7 @@ def node_stats(logits: torch.Tensor, ids: torch.Tensor, parents: tuple[int, ...]
                params: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``core.ops.node_stats``: per node, the target's entropy at its parent's row, its
     probability of the node's token there, and its argmax there."""
-    lp = logits.float()
-    lp = torch.log_softmax(lp, dim=-1) if params.greedy else logprobs(lp, params)
+    lp = logprobs(logits, params)  # at T = 0: the softmax
     at_parent = lp[torch.tensor([p + 1 for p in parents], device=lp.device)]
     p = torch.exp(at_parent)
     entropy = -torch.where(p > 0, p * at_parent, torch.zeros_like(p)).sum(dim=-1)

@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import mlx.core as mx
+import numpy as np
 
 from mlxspec.core.sampling import SamplingParams, node_probs, top_children  # noqa: F401  (drafters import them here)
 from mlxspec.core.tree import GrowingTree, TreeShape
@@ -142,6 +143,16 @@ def grow_tree(shape: TreeShape, logits: Any, expand: Callable[[list[int], Growin
         logits = expand(rows, tree)
         tree.fed += rows
     return tree
+
+
+def auto_proposal(tree: GrowingTree, shape: TreeShape, draft_probs: bool, ops: ModuleType) -> tuple[Proposal, list[int]]:
+    """The nodes of a grown tree worth verifying (``GrowingTree.select``), as a proposal, and
+    their ids in ``tree`` (for the drafter's own bookkeeping of what it fed)."""
+    chosen, parents = tree.select(shape.costs, shape.max_nodes)
+    if not chosen:
+        return no_draft(ops), chosen
+    node_q = ops.from_numpy(np.array([tree.node_p[i] for i in chosen], np.float32)) if draft_probs else None
+    return Proposal(ops.tokens([tree.tokens[i] for i in chosen]), None, parents, node_q), chosen
 
 
 class KPolicy(Protocol):

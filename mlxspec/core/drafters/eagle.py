@@ -19,11 +19,10 @@ from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from mlxspec.core.cache import check_trimmable, rewind
-from mlxspec.core.drafters.base import Commit, Proposal, child_picks, grow_tree, no_draft
+from mlxspec.core.drafters.base import Commit, Proposal, auto_proposal, child_picks, grow_tree, no_draft
 from mlxspec.core.model import Block, LlamaConfig, Unowned
 from mlxspec.core.ops import ops_for
 from mlxspec.core.sampling import SamplingParams
@@ -209,12 +208,8 @@ class EagleDrafter:
             return zs[0]
 
         tree = grow_tree(shape, z[None], expand, params, ops, to_tokens=lambda top: self.head.vocab_ids[top])
-        chosen, parents = tree.select(shape.costs, shape.max_nodes)
         self.fed = len(tree.fed)
-        if not chosen:
-            return no_draft(ops)
-        node_q = ops.from_numpy(np.array([tree.node_p[i] for i in chosen], np.float32)) if draft_probs else None
-        return Proposal(ops.tokens([tree.tokens[i] for i in chosen]), None, parents, node_q)
+        return auto_proposal(tree, shape, draft_probs, ops)[0]
 
     def commit(self, commit: Commit) -> None:
         if commit.hidden is None:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from mlxspec.core.cache import check_trimmable, common_prefix, rewind
-from mlxspec.core.drafters.base import Commit, Proposal, child_picks, grow_tree, no_draft
+from mlxspec.core.drafters.base import Commit, Proposal, auto_proposal, child_picks, grow_tree, no_draft
 from mlxspec.core.ops import ops_for
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import GrowingTree, TreeShape, levels, node_mask
@@ -108,13 +106,10 @@ class ModelDrafter:
                               positions=positions, num_layers=self.num_layers)[0]
 
         tree = grow_tree(shape, root, expand, params, ops)
-        chosen, parents = tree.select(shape.costs, shape.max_nodes)
+        proposal, chosen = auto_proposal(tree, shape, draft_probs, ops)
         row = {node: r for r, node in enumerate(tree.fed)}
         self.fed, self.fed_rows = len(tree.fed), {j: row[n] for j, n in enumerate(chosen) if n in row}
-        if not chosen:
-            return no_draft(ops)
-        node_q = ops.from_numpy(np.array([tree.node_p[i] for i in chosen], np.float32)) if draft_probs else None
-        return Proposal(ops.tokens([tree.tokens[i] for i in chosen]), None, parents, node_q)
+        return proposal
 
     def commit(self, commit: Commit) -> None:
         drafted = commit.drafted
