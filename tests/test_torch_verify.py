@@ -111,6 +111,44 @@ def test_tree_sample_verify_walks_one_keyed_sample_of_p():
     assert len(outs) > 3
 
 
+@settings(max_examples=40, deadline=None)
+@given(parents=trees(10), seed=st.integers(0, 10_000))
+def test_tree_residual_decide_equals_the_float64_reference_and_mlx(parents, seed):
+    """The multi-round rule for sampled children, float64 on torch, against the reference
+    on the same uniforms (the reference's own law is checked in tests/test_tree.py)."""
+    from mlxspec.core.verify import tree_residual_decide_reference
+
+    rng = np.random.default_rng(seed)
+    rows = {r: rng.dirichlet(np.ones(4)) for r in (-1, *range(len(parents)))}
+    tokens = [int(rng.choice(4, p=rows[par])) for par in parents]
+    q = np.array([rows[par] for par in parents]).reshape(len(parents), 4)
+    p = rng.dirichlet(np.ones(4) * 0.7, size=len(parents) + 1)
+    u = rng.random(len(parents))
+    last, residual = torch_verify.tree_residual_decide(torch.tensor(tokens), parents, torch.from_numpy(q),
+                                                       torch.from_numpy(p), torch.from_numpy(u))
+    ref_last, ref_residual = tree_residual_decide_reference(tokens, parents, q, p, u)
+    assert int(last) == ref_last and np.abs(residual.numpy() - ref_residual).max() < 1e-12
+    f32 = [x.astype(np.float32) for x in (q, p, u)]
+    want = mlx_verify.tree_residual_decide(mx.array(tokens, mx.int32), parents, *map(mx.array, f32))
+    got = torch_verify.tree_residual_decide(torch.tensor(tokens), parents, *map(torch.from_numpy, f32))
+    assert int(got[0]) == want[0].item() and np.abs(got[1].numpy() - np.array(want[1])).max() < 1e-6
+
+
+def test_tree_residual_verify_is_keyed_and_samples_its_residual():
+    parents, tokens = (-1, -1, 0), torch.tensor([1, 1, 2])
+    q = torch.tensor([[0.2, 0.8, 0.0], [0.2, 0.8, 0.0], [0.1, 0.1, 0.8]], dtype=torch.float64)
+    p = torch.tensor([[0.5, 0.2, 0.3], [0.3, 0.3, 0.4], [1.0, 0.0, 0.0], [0.2, 0.3, 0.5]], dtype=torch.float64)
+    assert ints(torch_verify.tree_residual_verify(tokens, parents, q, p, 7)) == \
+        ints(torch_verify.tree_residual_verify(tokens, parents, q, p, 7))
+    # node 0 (token 1) is kept with probability 0.2 / 0.8; its twin, node 1, then always fails
+    # (the residual (0.5, 0, 0.5) has nothing at token 1) and the token after the root comes
+    # from norm(max(0, (0.5, 0, 0.5) - q)) = (0.375, 0, 0.625)
+    outs = [ints(torch_verify.tree_residual_verify(tokens, parents, q, p, key)) for key in range(400)]
+    kept = sum(last >= 0 for last, _ in outs)
+    assert 60 < kept < 140 and all(last in (-1, 0, 2) for last, _ in outs)
+    assert all(nxt != 1 for last, nxt in outs if last == -1)
+
+
 def test_pad_vocab():
     q = torch.rand(2, 5)
     assert torch_verify.pad_vocab(None, 7) is None and torch_verify.pad_vocab(q, 5) is q

@@ -280,6 +280,36 @@ def test_bad_backend_or_device_is_one_line(args, says):
         assert "available: cpu" in lines[0]
 
 
+def test_torch_sampled_tree_speculation_samples_the_target_by_chi_square():
+    """``--tree 2x2:sample`` on torch: the drafter's sampled children and torch's multi-round
+    rule, as tests/test_tree.py checks them on MLX."""
+    from test_tree import exact_llama, sampled_tree_chi_square
+
+    target, draft = (TorchLlama.from_mlx(exact_llama(s)) for s in (0, 1))
+    pvalue, steps = sampled_tree_chi_square(target, ModelDrafter(draft, "draft"), runs=2000)
+    assert pvalue > 1e-3 and any(s.tree.path and s.tree.path[0] == 1 for s in steps)
+
+
+def test_teacher_pass_on_torch_equals_mlx():
+    """The eagle feature build (``training.features.teacher_pass``) gives the same features,
+    log-normalisers and argmax on torch as on MLX, padding included."""
+    from mlxspec.training.features import teacher_pass
+
+    m, t = twins(3)
+    rng = np.random.default_rng(0)
+    seqs = [list(rng.integers(0, BASE["vocab_size"], n)) for n in (5, 17, 11)]
+    for (h, lse, am), (th, tlse, tam) in zip(teacher_pass(m, seqs), teacher_pass(t, seqs)):
+        assert h.dtype == th.dtype == np.float16 and h.shape == th.shape
+        assert rel_diff(h, th) < 2e-3 and rel_diff(lse, tlse) < 1e-5 and (am == tam).all()
+
+
+def test_train_draft_backend_is_for_eagle_features_only(tmp_path):
+    result = runner.invoke(app, ["train-draft", "--arch", "draft", "--backend", "torch", "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "--arch draft trains and distils on MLX" in lines[0]
+
+
 # ----------------------------------------------------------------------------- other devices
 
 

@@ -144,6 +144,9 @@ def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: in
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
     if params.greedy:
         last, nxt = ops.tree_greedy_verify(proposal.tokens, parents, logits)
+    elif proposal.q is not None:  # children sampled from q: multi-round rejection
+        p = ops.probs(logits, params)
+        last, nxt = ops.tree_residual_verify(proposal.tokens, parents, ops.pad_vocab(proposal.q, p.shape[-1]), p, key)
     else:
         last, nxt = ops.tree_sample_verify(proposal.tokens, parents, ops.probs(logits, params), key)
     return last, nxt, hidden, logits
@@ -159,6 +162,9 @@ def _check_tree(model: Target, drafter: Drafter, shape: TreeShape, prompt: list[
     if not can_branch(drafter):
         raise MlxspecError(f"drafter {drafter.name!r} cannot branch: --tree needs a draft model, self:L, "
                            "an eagle head or ngram:N")
+    if shape.sampled and not getattr(drafter, "samples_children", False):
+        raise MlxspecError(f"drafter {drafter.name!r} cannot sample a tree's children (it has no distribution to "
+                           f"draw them from): drop ':sample' from --tree {shape}")
     if len(prompt) + shape.nodes >= context:
         raise MlxspecError(f"a {shape} tree of {shape.nodes} nodes does not fit in the model's context of {context} "
                            f"after the {len(prompt)}-token prompt; use a smaller --tree or --tree-nodes")

@@ -18,9 +18,10 @@ import mlx.core as mx
 
 from mlxspec.core.cache import keep_rows  # noqa: F401  (re-exported for the engine)
 from mlxspec.core.prefill import prefill  # noqa: F401
-from mlxspec.core.sampling import child_logprobs, logprobs, node_probs, probs, sample, top_children  # noqa: F401
+from mlxspec.core.sampling import (child_logprobs, logprobs, node_probs, probs, sample,  # noqa: F401
+                                   sample_children, top_children)
 from mlxspec.core.verify import (greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
-                                 tree_greedy_verify, tree_sample_verify)
+                                 tree_greedy_verify, tree_residual_verify, tree_sample_verify)
 
 name = "mlx"
 evaluate = mx.eval

@@ -73,6 +73,13 @@ def top_children(logits: mx.array, branch: int) -> mx.array:
     return mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
 
 
+def sample_children(logits: mx.array, branch: int, params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array]:
+    """(n, V) logits -> (n, branch) children drawn independently from each row's sampling
+    distribution (repeats possible), and those distributions (n, V): a tree's q."""
+    lp = logprobs(logits, params)
+    return mx.random.categorical(lp, num_samples=branch, key=key).astype(mx.int32), mx.exp(lp)
+
+
 def node_probs(logits: mx.array, rows: mx.array, picked: mx.array, params: SamplingParams) -> mx.array:
     """The probability of each picked child under its parent's row of ``logits``: the softmax
     when greedy, the sampling distribution otherwise (as ``NodeStats``)."""

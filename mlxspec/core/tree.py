@@ -39,13 +39,19 @@ class TreeShape:
     ``branch`` nodes with the highest draft path probability expand into their top-``branch``
     children; then the verify pass takes the most likely nodes, as many as pay for their cost:
     ``costs[n]`` is the ms of a target pass over n + 1 tokens (the measured verify-cost curve,
-    ``best_node_count``). Without costs it takes ``max_nodes``."""
+    ``best_node_count``). Without costs it takes ``max_nodes``.
+
+    ``--tree DxB:sample`` (``sampled``): at T > 0 each node's ``branch`` children are drawn
+    independently from the draft's distribution there (repeats possible) instead of being its
+    top B, and verified by multi-round rejection (``verify.tree_residual_verify``); at T = 0
+    the top B as usual."""
 
     depth: int
     branch: int
     max_nodes: int
     auto: bool = False
     costs: tuple[float, ...] = ()
+    sampled: bool = False
 
     def parents(self) -> tuple[int, ...]:
         if self.auto:
@@ -73,7 +79,7 @@ class TreeShape:
         return replace(self, depth=max(0, min(self.depth, depth)))
 
     def __str__(self) -> str:
-        return "auto" if self.auto else f"{self.depth}x{self.branch}"
+        return "auto" if self.auto else f"{self.depth}x{self.branch}" + (":sample" if self.sampled else "")
 
 
 def full_size(depth: int, branch: int) -> int:
@@ -81,15 +87,20 @@ def full_size(depth: int, branch: int) -> int:
 
 
 def parse_tree(spec: str, max_nodes: int | None = None) -> TreeShape:
-    """``"DxB"`` or ``"auto"`` (and ``--tree-nodes``) -> a checked ``TreeShape``; without
-    ``max_nodes`` the whole tree, which must then fit in one verify pass (auto: ``AUTO_NODES``)."""
+    """``"DxB"``, ``"DxB:sample"`` or ``"auto"`` (and ``--tree-nodes``) -> a checked
+    ``TreeShape``; without ``max_nodes`` the whole tree, which must then fit in one verify pass
+    (auto: ``AUTO_NODES``)."""
     if max_nodes is not None and not 1 <= max_nodes <= MAX_TREE_NODES:
         raise MlxspecError(f"--tree-nodes must be in 1..{MAX_TREE_NODES}, got {max_nodes}")
     if spec.strip() == "auto":
         return TreeShape(AUTO_DEPTH, AUTO_BRANCH, max_nodes or AUTO_NODES, auto=True)
-    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
+    if spec.strip().startswith("auto:"):
+        raise MlxspecError(f"bad --tree {spec!r}: an auto tree expands its most likely nodes; "
+                           "sampled children go with a static shape (e.g. 3x2:sample)")
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*(:\s*sample\s*)?", spec)
     if m is None:
-        raise MlxspecError(f"bad --tree {spec!r}: expected DxB, depth D and branching B (e.g. 3x2), or auto")
+        raise MlxspecError(f"bad --tree {spec!r}: expected DxB, depth D and branching B (e.g. 3x2), "
+                           "DxB:sample (children sampled from the draft), or auto")
     depth, branch = int(m[1]), int(m[2])
     if not 1 <= depth <= MAX_TREE_DEPTH:
         raise MlxspecError(f"bad --tree {spec!r}: depth must be in 1..{MAX_TREE_DEPTH}, got {depth}")
@@ -99,7 +110,7 @@ def parse_tree(spec: str, max_nodes: int | None = None) -> TreeShape:
     if max_nodes is None and size > MAX_TREE_NODES:
         raise MlxspecError(f"--tree {depth}x{branch} has more than {MAX_TREE_NODES} nodes, more than one verify "
                            f"pass takes; cap it with --tree-nodes N (N <= {MAX_TREE_NODES})")
-    return TreeShape(depth, branch, size if max_nodes is None else max_nodes)
+    return TreeShape(depth, branch, size if max_nodes is None else max_nodes, sampled=m[3] is not None)
 
 
 def parse_tree_list(text: str, max_nodes: int | None = None) -> list[TreeShape]:
@@ -112,9 +123,9 @@ def parse_tree_list(text: str, max_nodes: int | None = None) -> list[TreeShape]:
             found = [parse_tree(part, max_nodes)]
         else:
             a, b = parse_tree(lo, max_nodes), parse_tree(hi, max_nodes)
-            if a.auto or b.auto or a.depth > b.depth or a.branch > b.branch:
+            if a.auto or b.auto or a.depth > b.depth or a.branch > b.branch or a.sampled != b.sampled:
                 raise MlxspecError(f"bad --tree range {part!r}: expected DxB..DxB, smaller first (e.g. 1x1..4x2)")
-            found = [parse_tree(f"{d}x{br}", max_nodes) for d in range(a.depth, b.depth + 1)
+            found = [parse_tree(f"{d}x{br}" + (":sample" if a.sampled else ""), max_nodes) for d in range(a.depth, b.depth + 1)
                      for br in range(a.branch, b.branch + 1)]
         shapes += [t for t in found if t not in shapes]
     if not shapes:

@@ -9,6 +9,10 @@ A verifier decides how many draft tokens to keep and which token to emit after t
   distributed exactly as sampling from the target alone.
 * ``tree_verify`` (``tree_greedy_verify``, ``tree_sample_verify``): a draft tree, verified in
   one pass, walked along the target's own choice at each node (argmax, or a sample of p).
+* ``tree_residual_verify``: a tree whose children were *sampled* from the draft's q at their
+  parent: at each node the children are tried in order, each kept with probability
+  min(1, p'/q), p' <- norm(max(0, p' - q)) after each rejection (multi-round rejection, as
+  SpecInfer); exact for children drawn independently from q, duplicates included.
 
 Both are lazy: they only build mlx graphs (no ``.item()``, no ``mx.eval``), so the engine can
 evaluate a whole step at once. The numpy helpers at the bottom are the exact reference the tests
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.core.tree import ancestry
+from mlxspec.core.tree import ancestry, depths
 
 # Below this total the residual max(0, p - q) is rounding noise, not a distribution.
 MIN_RESIDUAL_MASS = 1e-12
@@ -157,6 +161,64 @@ def tree_sample_verify(tokens: mx.array, parents: Sequence[int], p: mx.array, ke
     return tree_verify(tokens, parents, mx.random.categorical(mx.log(p.astype(mx.float32)), key=key))
 
 
+def _children(parents: Sequence[int]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for i, par in enumerate(parents):
+        kids.setdefault(par, []).append(i)
+    return kids
+
+
+def _accepts(p_d: mx.array, q_d: mx.array, u: mx.array) -> mx.array:
+    """The chain rule's accept test, u < p/q without a division (see ``_residual_decision``)."""
+    return mx.where(p_d >= q_d, p_d > 0, u * q_d < p_d)
+
+
+def tree_residual_decide(tokens: mx.array, parents: Sequence[int], q: mx.array, p: mx.array,
+                         u: mx.array) -> tuple[mx.array, mx.array]:
+    """The multi-round rejection walk of a tree with sampled children, for given uniforms
+    ``u`` (m,) (one per node's accept test), apart from the final draw.
+
+    tokens: int (m,). q: (m, V), row i the draft distribution node i was sampled from (its
+    parent's; siblings share it). p: (m + 1, V) the target's rows for [root, nodes].
+    Returns (last, residual): the last node of the accepted path (-1: none) and the normalised
+    distribution of the token after it (the residual left by its rejected children, or p
+    there if all of them were rejected into an empty residual, or it has none).
+    Each node is decided on its own (its test only reads its own row), then the path is the
+    chain of accepted children from the root, so the graph is static for a given tree."""
+    m = len(parents)
+    tokens, p = tokens.astype(mx.int32), p.astype(mx.float32)
+    if m == 0:
+        return mx.array(-1, mx.int32), p[0] / p[0].sum()
+    q = q.astype(mx.float32)
+    kids = _children(parents)
+    chosen, residuals = [], []
+    for row in range(m + 1):  # row 0: the root, row 1 + i: node i
+        p_cur, pick = p[row], mx.array(-1, mx.int32)
+        for c in kids.get(row - 1, []):
+            t = tokens[c]
+            pick = mx.where((pick < 0) & _accepts(p_cur[t], q[c, t], u[c]), c, pick)
+            rest = mx.maximum(p_cur - q[c], 0.0)
+            mass = rest.sum()
+            p_cur = mx.where(mass > MIN_RESIDUAL_MASS, rest / mass, p_cur)
+        chosen.append(pick)
+        residuals.append(p_cur / p_cur.sum())
+    step = mx.stack(chosen)
+    last = mx.array(-1, mx.int32)
+    for _ in range(max(depths(parents))):
+        nxt = mx.take(step, last + 1)
+        last = mx.where(nxt >= 0, nxt, last)
+    return last, mx.take(mx.stack(residuals), last + 1, axis=0)
+
+
+def tree_residual_verify(tokens: mx.array, parents: Sequence[int], q: mx.array, p: mx.array,
+                         key: mx.array) -> tuple[mx.array, mx.array]:
+    """``tree_residual_decide`` with its uniforms and the final draw from ``key``: returns
+    (last, next_token) as ``tree_verify``."""
+    accept_key, sample_key = mx.random.split(key)
+    last, residual = tree_residual_decide(tokens, parents, q, p, mx.random.uniform(shape=(len(parents),), key=accept_key))
+    return last, mx.random.categorical(mx.log(residual), key=sample_key).astype(mx.int32)
+
+
 def rejection_output_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Exact float64 distribution of the token emitted at one position by speculative sampling.
 
@@ -217,6 +279,54 @@ def tree_output_distribution(tokens: Sequence[int], parents: Sequence[int], p: n
                 out[emitted + (int(v),)] = out.get(emitted + (int(v),), 0.0) + w
             else:
                 walk(child, emitted + (int(v),), w)
+
+    walk(-1, (), 1.0)
+    return out
+
+
+def tree_residual_decide_reference(tokens: Sequence[int], parents: Sequence[int], q: np.ndarray, p: np.ndarray,
+                                   u: Sequence[float] | np.ndarray) -> tuple[int, np.ndarray]:
+    """``tree_residual_decide`` in numpy float64, walked as the rule is written: from the
+    root, try each child in order, keep it when u q(t) < p'(t) (always when p' >= q, unless
+    p'(t) == 0), else p' <- norm(max(0, p' - q)); descend into the first kept child."""
+    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    kids = _children(parents)
+    node = -1
+    while True:
+        p_cur = p[node + 1]
+        for c in kids.get(node, []):
+            t = int(tokens[c])
+            if (p_cur[t] > 0 if p_cur[t] >= q[c, t] else u[c] * q[c, t] < p_cur[t]):
+                node = c
+                break
+            rest = np.maximum(p_cur - q[c], 0.0)
+            if rest.sum() > MIN_RESIDUAL_MASS:
+                p_cur = rest / rest.sum()
+        else:
+            return node, p_cur / p_cur.sum()
+
+
+def tree_residual_output_distribution(tokens: Sequence[int], parents: Sequence[int], q: np.ndarray,
+                                      p: np.ndarray) -> dict[tuple[int, ...], float]:
+    """Exact float64 distribution of what one ``tree_residual_verify`` step emits for a given
+    tree (the uniforms integrated out: child c is kept with probability min(1, p'(t)/q(t)))."""
+    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    kids = _children(parents)
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(node: int, emitted: tuple[int, ...], weight: float) -> None:
+        p_cur, reach = p[node + 1], weight
+        for c in kids.get(node, []):
+            t = int(tokens[c])
+            keep = (1.0 if p_cur[t] > 0 else 0.0) if p_cur[t] >= q[c, t] else p_cur[t] / q[c, t]
+            if keep > 0:
+                walk(c, emitted + (t,), reach * keep)
+            reach *= 1.0 - keep
+            rest = np.maximum(p_cur - q[c], 0.0)
+            if rest.sum() > MIN_RESIDUAL_MASS:
+                p_cur = rest / rest.sum()
+        for v in np.flatnonzero(p_cur > 0):
+            out[emitted + (int(v),)] = out.get(emitted + (int(v),), 0.0) + reach * p_cur[v] / p_cur.sum()
 
     walk(-1, (), 1.0)
     return out

@@ -220,6 +220,15 @@ class Llama(nn.Module):
         return (logits, h) if return_hidden else logits
 
 
+def teacher_outputs(model: Llama, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``training.features.teacher_pass`` on torch: for a (B, L) batch, the final normed hidden
+    states (float16), the logsumexp of the full logits and their argmax (int32), as numpy."""
+    with torch.inference_mode():
+        logits, h = model(torch.from_numpy(batch.astype(np.int64)), None, return_hidden=True)
+        lse, am = torch.logsumexp(logits.float(), dim=-1), logits.argmax(dim=-1)
+        return h.half().cpu().numpy(), lse.cpu().numpy(), am.int().cpu().numpy()
+
+
 def _full_logits(reduced: torch.Tensor, vocab_ids: torch.Tensor, vocab: int) -> torch.Tensor:
     """Reduced logits (..., n) over ``vocab_ids`` -> the full vocabulary, -inf elsewhere."""
     full = reduced.new_full((*reduced.shape[:-1], vocab), float("-inf"))

@@ -14,9 +14,9 @@ import torch
 
 from mlxspec.core.prefill import PREFILL_CHUNK
 from mlxspec.torchpath.cache import keep_rows  # noqa: F401  (re-exported for the engine)
-from mlxspec.torchpath.sampling import logprobs, probs, sample, split_key  # noqa: F401
+from mlxspec.torchpath.sampling import categorical, generator, logprobs, probs, sample, split_key  # noqa: F401
 from mlxspec.torchpath.verify import (greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
-                                      tree_greedy_verify, tree_sample_verify)
+                                      tree_greedy_verify, tree_residual_verify, tree_sample_verify)
 
 name = "torch"
 stack = torch.stack
@@ -88,6 +88,14 @@ def top_children(logits: torch.Tensor, branch: int) -> torch.Tensor:
     the lower id as MLX's CPU partition keeps them."""
     order = torch.sort(-logits.float(), dim=-1, stable=True).indices[:, :branch]
     return order.to(torch.int32)
+
+
+def sample_children(logits: torch.Tensor, branch: int, params: Any, key: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``core.sampling.sample_children``: (n, branch) children drawn independently from each
+    row's sampling distribution, and those distributions (n, V)."""
+    lp = logprobs(logits, params)
+    picks = categorical(lp[:, None, :].expand(-1, branch, -1), generator(key, lp.device))
+    return picks, torch.exp(lp)
 
 
 def node_probs(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, params: Any) -> torch.Tensor:

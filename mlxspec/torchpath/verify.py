@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mlxspec.core.tree import ancestry
+from mlxspec.core.tree import ancestry, depths
 from mlxspec.core.verify import MIN_RESIDUAL_MASS
 from mlxspec.torchpath.sampling import categorical, generator
 
@@ -124,6 +124,50 @@ def tree_sample_verify(
     """``tree_verify`` along one independent sample of the target's p (m + 1, V) per row."""
     logp = torch.log(p.to(_work_dtype(p)))
     return tree_verify(tokens, parents, categorical(logp, generator(key, p.device)))
+
+
+def tree_residual_decide(
+    tokens: torch.Tensor, parents: Sequence[int], q: torch.Tensor, p: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``core.verify.tree_residual_decide``: the multi-round rejection walk of a tree whose
+    children were sampled from q (m, V), target rows p (m + 1, V), uniforms u (m,)."""
+    m, device, dtype = len(parents), p.device, _work_dtype(p, q)
+    p = p.to(dtype)
+    if m == 0:
+        return torch.tensor(-1, dtype=torch.int32, device=device), p[0] / p[0].sum()
+    tokens, q, u = tokens.to(torch.int64), q.to(dtype), u.to(dtype)
+    kids: dict[int, list[int]] = {}
+    for i, par in enumerate(parents):
+        kids.setdefault(par, []).append(i)
+    none = torch.tensor(-1, dtype=torch.int32, device=device)
+    chosen, residuals = [], []
+    for row in range(m + 1):  # row 0: the root, row 1 + i: node i
+        p_cur, pick = p[row], none
+        for c in kids.get(row - 1, []):
+            p_d, q_d = _at(p_cur, tokens[c]), _at(q[c], tokens[c])
+            ok = torch.where(p_d >= q_d, p_d > 0, u[c] * q_d < p_d)
+            pick = torch.where((pick < 0) & ok, torch.tensor(c, dtype=torch.int32, device=device), pick)
+            rest = torch.clamp_min(p_cur - q[c], 0.0)
+            mass = rest.sum()
+            p_cur = torch.where(mass > MIN_RESIDUAL_MASS, rest / mass.clamp_min(MIN_RESIDUAL_MASS), p_cur)
+        chosen.append(pick)
+        residuals.append(p_cur / p_cur.sum())
+    step, last = torch.stack(chosen), none
+    for _ in range(max(depths(parents))):
+        nxt = _at(step, last + 1)
+        last = torch.where(nxt >= 0, nxt, last)
+    return last, _at(torch.stack(residuals), last + 1)
+
+
+def tree_residual_verify(
+    tokens: torch.Tensor, parents: Sequence[int], q: torch.Tensor, p: torch.Tensor, key: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tree_residual_decide`` with its uniforms and the final draw from one generator seeded
+    by ``key``: (last, next_token) as ``tree_verify``."""
+    gen = generator(key, p.device)
+    u = torch.rand(len(parents), generator=gen, dtype=_work_dtype(p, q), device=p.device)
+    last, residual = tree_residual_decide(tokens, parents, q, p, u)
+    return last, categorical(torch.log(residual), gen)
 
 
 def pad_vocab(q: torch.Tensor | None, vocab: int) -> torch.Tensor | None:

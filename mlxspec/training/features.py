@@ -25,6 +25,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from mlxspec.core.ops import ops_for
 from mlxspec.errors import MlxspecError
 
 MAX_TOKENS = 256  # per example: long enough for multi-sentence answers, short enough to batch
@@ -100,17 +101,23 @@ def encode_example(tokenizer, prompt: str, response: str, max_tokens: int = MAX_
 def teacher_pass(model, seqs: Sequence[list[int]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """One batched target pass over right-padded ``seqs``: per example its features (float16),
     logsumexp and argmax at every real position (padding sits after them, so causal attention
-    keeps it out of every real row)."""
+    keeps it out of every real row). ``model`` may be the torch twin of the target (the same
+    weights: ~1.9x the positions per second of MLX's CPU backend here, BENCHMARKS.md §15)."""
     width = max(len(s) for s in seqs)
     batch = np.zeros((len(seqs), width), np.int32)
     for i, s in enumerate(seqs):
         batch[i, : len(s)] = s
-    logits, hidden = model(mx.array(batch), None, return_hidden=True)
-    lse = mx.logsumexp(logits, axis=-1)
-    am = mx.argmax(logits, axis=-1)
-    h16 = hidden.astype(mx.float16)
-    mx.eval(lse, am, h16)
-    h, lse, am = np.array(h16), np.array(lse), np.array(am).astype(np.int32)
+    if ops_for(model).name == "torch":
+        from mlxspec.torchpath.model import teacher_outputs
+
+        h, lse, am = teacher_outputs(model, batch)
+    else:
+        logits, hidden = model(mx.array(batch), None, return_hidden=True)
+        lse = mx.logsumexp(logits, axis=-1)
+        am = mx.argmax(logits, axis=-1)
+        h16 = hidden.astype(mx.float16)
+        mx.eval(lse, am, h16)
+        h, lse, am = np.array(h16), np.array(lse), np.array(am).astype(np.int32)
     return [(h[i, : len(s)], lse[i, : len(s)], am[i, : len(s)]) for i, s in enumerate(seqs)]
 
 

@@ -106,6 +106,7 @@ class EagleDrafter:
     """Drafts with an ``EagleHead`` (MLX's, or torch's twin) from the target's features; see
     the module docstring."""
 
+    samples_children = True  # --tree DxB:sample
     wants_hidden = True
 
     def __init__(self, head: Any, name: str):
@@ -159,8 +160,9 @@ class EagleDrafter:
 
     def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: Any,
                      draft_probs: bool = False) -> Proposal:
-        """Each node's top-``shape.branch`` children by the head's logits, one head pass per
-        level: a node's slot pairs its parent's predicted feature with its own token."""
+        """Each node's top-``shape.branch`` children by the head's logits (or, for a sampled
+        shape at T > 0, ``branch`` draws from its distribution, the proposal's q), one head
+        pass per level: a node's slot pairs its parent's predicted feature with its own token."""
         ops = self.ops
         self.fed = 0
         if shape.auto:
@@ -171,14 +173,23 @@ class EagleDrafter:
         pred, z = self._run_pending()
         z = z[None]  # the root's row: pred (1, D), z (1, head_vocab)
         base = self.cache[0].offset
-        tokens, qs, previous = [], [], None
+        tokens, qs, dists, previous = [], [], [], None
         by_level = levels(parents)
+        keys = ops.split(key, len(by_level)) if shape.sampled and not params.greedy else None
         for depth, level in enumerate(by_level, start=1):
             rows, ranks = (ops.tokens(x) for x in child_picks(parents, level, previous))
-            picked = ops.top_children(z, shape.branch)[rows, ranks]  # columns of the head's vocabulary
-            tokens.append(self.head.vocab_ids[picked])
-            if draft_probs:  # the head gives no mass outside its vocabulary
-                qs.append(ops.node_probs(z, rows, picked, params))
+            if keys is None:
+                picked = ops.top_children(z, shape.branch)[rows, ranks]  # columns of the head's vocabulary
+                tokens.append(self.head.vocab_ids[picked])
+                if draft_probs:  # the head gives no mass outside its vocabulary
+                    qs.append(ops.node_probs(z, rows, picked, params))
+            else:
+                full = self.head.full_logits(z)
+                picks, q = ops.sample_children(full, shape.branch, params, keys[depth - 1])
+                tokens.append(picks[rows, ranks])
+                dists.append(q[rows])
+                if draft_probs:
+                    qs.append(ops.node_probs(full, rows, tokens[-1], params))
             if depth < len(by_level):
                 mask = ops.from_numpy(node_mask(parents, base, level.start, level.stop))
                 positions = ops.tokens([base + depth - 1] * len(level))
@@ -186,7 +197,8 @@ class EagleDrafter:
                 pred, z = out[0], zs[0]
             previous = level
         self.fed = by_level[-1].start
-        return Proposal(ops.tokens(ops.concatenate(tokens)), None, parents, ops.concatenate(qs) if qs else None)
+        return Proposal(ops.tokens(ops.concatenate(tokens)), ops.concatenate(dists) if dists else None, parents,
+                        ops.concatenate(qs) if qs else None)
 
     def _propose_auto(self, shape: TreeShape, params: SamplingParams, draft_probs: bool) -> Proposal:
         """An auto tree (``grow_tree``): a node's slot pairs its parent's predicted feature

@@ -22,6 +22,7 @@ class ModelDrafter:
     committed token, so a new prompt that starts the same way (the next chat turn) reuses
     the cache for the shared part."""
 
+    samples_children = True  # --tree DxB:sample
     wants_hidden = False
 
     def __init__(self, model: Any, name: str, num_layers: int | None = None):
@@ -65,8 +66,10 @@ class ModelDrafter:
 
     def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: Any,
                      draft_probs: bool = False) -> Proposal:
-        """Each node's top-``shape.branch`` children by the draft's logits, one forward pass
-        per level (a level's nodes see the committed tokens and their own ancestors)."""
+        """Each node's top-``shape.branch`` children by the draft's logits (or, for a sampled
+        shape at T > 0, ``branch`` draws from its distribution, which become the proposal's q),
+        one forward pass per level (a level's nodes see the committed tokens and their own
+        ancestors)."""
         ops = self.ops
         if shape.auto:
             return self._propose_auto(shape, params, draft_probs)
@@ -75,11 +78,17 @@ class ModelDrafter:
             return no_draft(ops)
         logits = self._forward(ops.tokens(self.pending))[None]
         base = self.cache[0].offset  # where the first level goes
-        tokens, qs, previous = [], [], None
+        tokens, qs, dists, previous = [], [], [], None
         by_level = levels(parents)
+        keys = ops.split(key, len(by_level)) if shape.sampled and not params.greedy else None
         for depth, level in enumerate(by_level, start=1):
             rows, ranks = (ops.tokens(x) for x in child_picks(parents, level, previous))
-            tokens.append(ops.top_children(logits, shape.branch)[rows, ranks])
+            if keys is None:
+                tokens.append(ops.top_children(logits, shape.branch)[rows, ranks])
+            else:
+                picks, q = ops.sample_children(logits, shape.branch, params, keys[depth - 1])
+                tokens.append(picks[rows, ranks])
+                dists.append(q[rows])
             if draft_probs:
                 qs.append(ops.node_probs(logits, rows, tokens[-1], params))
             if depth < len(by_level):  # the last level is never fed, as a chain's last draft
@@ -90,7 +99,8 @@ class ModelDrafter:
             previous = level
         self.fed = by_level[-1].start
         self.fed_rows = {i: i for i in range(self.fed)}
-        return Proposal(ops.concatenate(tokens), None, parents, ops.concatenate(qs) if qs else None)
+        return Proposal(ops.concatenate(tokens), ops.concatenate(dists) if dists else None, parents,
+                        ops.concatenate(qs) if qs else None)
 
     def _propose_auto(self, shape: TreeShape, params: SamplingParams, draft_probs: bool) -> Proposal:
         """An auto tree (``grow_tree``): each level's most likely nodes run in one pass, each
