@@ -146,6 +146,14 @@ def depths(parents: Sequence[int]) -> list[int]:
     return out
 
 
+def children(parents: Sequence[int]) -> dict[int, list[int]]:
+    """Each node's children in proposal order (-1: the root's), only for nodes that have some."""
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    return kids
+
+
 def levels(parents: Sequence[int]) -> list[range]:
     """The index range of each depth, for breadth-first trees (static shapes)."""
     d = depths(parents)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.core.tree import ancestry, depths
+from mlxspec.core.tree import ancestry, children, depths
 
 # Below this total the residual max(0, p - q) is rounding noise, not a distribution.
 MIN_RESIDUAL_MASS = 1e-12
@@ -161,13 +161,6 @@ def tree_sample_verify(tokens: mx.array, parents: Sequence[int], p: mx.array, ke
     return tree_verify(tokens, parents, mx.random.categorical(mx.log(p.astype(mx.float32)), key=key))
 
 
-def _children(parents: Sequence[int]) -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for i, par in enumerate(parents):
-        kids.setdefault(par, []).append(i)
-    return kids
-
-
 def _accepts(p_d: mx.array, q_d: mx.array, u: mx.array) -> mx.array:
     """The chain rule's accept test, u < p/q without a division (see ``_residual_decision``)."""
     return mx.where(p_d >= q_d, p_d > 0, u * q_d < p_d)
@@ -190,7 +183,7 @@ def tree_residual_decide(tokens: mx.array, parents: Sequence[int], q: mx.array, 
     if m == 0:
         return mx.array(-1, mx.int32), p[0] / p[0].sum()
     q = q.astype(mx.float32)
-    kids = _children(parents)
+    kids = children(parents)
     chosen, residuals = [], []
     for row in range(m + 1):  # row 0: the root, row 1 + i: node i
         p_cur, pick = p[row], mx.array(-1, mx.int32)
@@ -290,7 +283,7 @@ def tree_residual_decide_reference(tokens: Sequence[int], parents: Sequence[int]
     root, try each child in order, keep it when u q(t) < p'(t) (always when p' >= q, unless
     p'(t) == 0), else p' <- norm(max(0, p' - q)); descend into the first kept child."""
     p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-    kids = _children(parents)
+    kids = children(parents)
     node = -1
     while True:
         p_cur = p[node + 1]
@@ -311,7 +304,7 @@ def tree_residual_output_distribution(tokens: Sequence[int], parents: Sequence[i
     """Exact float64 distribution of what one ``tree_residual_verify`` step emits for a given
     tree (the uniforms integrated out: child c is kept with probability min(1, p'(t)/q(t)))."""
     p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-    kids = _children(parents)
+    kids = children(parents)
     out: dict[tuple[int, ...], float] = {}
 
     def walk(node: int, emitted: tuple[int, ...], weight: float) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mlxspec.core.tree import ancestry, depths
+from mlxspec.core.tree import ancestry, children, depths
 from mlxspec.core.verify import MIN_RESIDUAL_MASS
 from mlxspec.torchpath.sampling import categorical, generator
 
@@ -136,9 +136,7 @@ def tree_residual_decide(
     if m == 0:
         return torch.tensor(-1, dtype=torch.int32, device=device), p[0] / p[0].sum()
     tokens, q, u = tokens.to(torch.int64), q.to(dtype), u.to(dtype)
-    kids: dict[int, list[int]] = {}
-    for i, par in enumerate(parents):
-        kids.setdefault(par, []).append(i)
+    kids = children(parents)
     none = torch.tensor(-1, dtype=torch.int32, device=device)
     chosen, residuals = [], []
     for row in range(m + 1):  # row 0: the root, row 1 + i: node i

@@ -10,6 +10,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Static
 
 from mlxspec.core.events import Status
+from mlxspec.core.tree import children
 
 from .messages import Piece, StepData, TurnResult
 from .source import Settings
@@ -299,9 +300,7 @@ def render_tree(data: StepData, root: str | None, number: int | None = None, dar
     stop token, the token limit)."""
     tree = data.step.tree
     assert tree is not None and data.nodes is not None
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(tree.parents):
-        children.setdefault(p, []).append(i)
+    kids = children(tree.parents)
     on_path = set(tree.path)
     last = tree.path[-1] if tree.path else -1
     own = next((p for p in reversed(data.pieces) if p.status in (Status.CORRECTED, Status.BONUS)), None)
@@ -314,7 +313,7 @@ def render_tree(data: StepData, root: str | None, number: int | None = None, dar
     t.append(_visible(root) if root is not None else "(prompt)", "dim italic")
 
     def branch(node: int, prefix: str) -> None:
-        below: list[int | None] = list(children.get(node, []))
+        below: list[int | None] = list(kids.get(node, []))
         if node == last:
             below.append(None)  # the target's token
         for j, child in enumerate(below):
