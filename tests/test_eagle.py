@@ -37,8 +37,7 @@ HEAD_IDS = list(range(0, VOCAB, 2)) + [1]
 
 def random_head(target, seed: int = 1) -> EagleHead:
     """A fresh head with every weight random, so drafts are varied and often rejected."""
-    mx.random.seed(seed)
-    head = new_head(target, mx.array(sorted(HEAD_IDS)))
+    head = new_head(target, mx.array(sorted(HEAD_IDS)), seed=seed)
     flat = [(k, mx.random.normal(v.shape) * 0.3) for k, v in _flat(head) if not k.startswith("lm_head")]
     head.load_weights(flat, strict=False)
     mx.eval(head.parameters())
@@ -193,6 +192,75 @@ def _stop_after(n: int):
     return on_step
 
 
+# ----------------------------------------------------------------------------- training on torch
+
+
+def torch_twin_target(target):
+    torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+    from mlxspec.torchpath.model import Llama as TorchLlama
+
+    return torch, TorchLlama.from_mlx(target.model)
+
+
+@pytest.mark.parametrize("loss, lam", [("kl", 1.0), ("eal", 0.4), ("eal", 0.0), ("wtv", 0.7), ("wtv", 0.0)])
+@pytest.mark.parametrize("temp", [1.0, 0.6])
+def test_torch_objectives_and_gradients_equal_mlx(target, loss, lam, temp):
+    """The torch trainer optimises the same function: every objective and every parameter's
+    gradient equal MLX's on the same batch, for each loss, blend weight and temperature."""
+    import mlx.nn as nn
+
+    from mlxspec.torchpath import eagle_train as te
+    from mlxspec.torchpath.model import EagleHead as TorchHead
+
+    torch, tt = torch_twin_target(target)
+    head = random_head(target, seed=3)
+    rows = target.model.model.embed_tokens.weight[head.vocab_ids]
+    col_of = np.full(VOCAB, -1, np.int32)
+    col_of[np.array(head.vocab_ids)] = np.arange(len(HEAD_IDS))
+    batch = make_batch(tiny_features(target), np.arange(4), 20, np.random.default_rng(2), col_of)
+    batch["teacher_rows"] = rows
+    cfg = EagleTrainConfig(loss=loss, k=3, temp=temp, batch=4, context=20)
+    ours, grads = nn.value_and_grad(head, lambda b: objectives(head, b, cfg, lam))(batch)
+    twin = TorchHead.from_mlx(head, tt).float().requires_grad_(True)
+    theirs = te.objectives(twin, te.to_torch_batch(batch, tt.device), cfg, lam)
+    for a, b in zip(ours, theirs):
+        assert b.item() == pytest.approx(a.item(), rel=1e-4, abs=1e-6)
+    theirs[0].backward()
+    flat_grads = dict(_flat_tree(grads))
+    for name, p in twin.named_parameters():
+        g = np.array(flat_grads[name])
+        np.testing.assert_allclose(p.grad.numpy(), g, rtol=2e-3, atol=2e-5 * max(np.abs(g).max(), 1e-3), err_msg=name)
+
+
+def _flat_tree(tree):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(tree)
+
+
+def test_torch_training_improves_its_objective_and_resumes_exactly(target, tmp_path):
+    torch, tt = torch_twin_target(target)
+    data = tiny_features(target)
+    ids = mx.array(sorted(HEAD_IDS))
+    rows = target.model.model.embed_tokens.weight[ids]
+    cfg = EagleTrainConfig(loss="eal", steps=6, batch=2, context=16, k=2, lr=3e-3, warmup=1, checkpoint_every=3)
+    whole = new_head(target, ids)
+    history = train_head(whole, data, rows, cfg, tmp_path / "whole", torch_target=tt)
+    assert history[-1].loss < history[0].loss
+    with pytest.raises(_Stop):
+        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", on_step=_stop_after(3), torch_target=tt)
+    with pytest.raises(MlxspecError, match="trained on torch, not mlx"):
+        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", resume=True)
+    resumed = new_head(target, ids)
+    history = train_head(resumed, data, rows, cfg, tmp_path / "cut", resume=True, torch_target=tt)
+    assert [h.step for h in history] == [1, 2, 3, 4, 5, 6]
+    for (k, a), (_, b) in zip(_flat(whole), _flat(resumed)):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
+    saved = load_head(tmp_path / "whole" / "checkpoint", target)  # what it saved is what it trained
+    for (k, a), (_, b) in zip(_flat(whole), _flat(saved)):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
+
+
 def test_save_and_load_round_trip(target, tmp_path):
     head = random_head(target)
     save_head(head, tmp_path / "h", dtype="float32")
@@ -245,13 +313,15 @@ def test_dummy_path_is_not_an_eagle_folder(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def quick_eagle(tmp_path_factory):
-    """`mlxspec train-draft --arch eagle --quick` on the real target (about two minutes)."""
+    """`mlxspec train-draft --arch eagle --quick` on the real target (about two minutes), with
+    the target's own answers to four corpus prompts in the data."""
     from typer.testing import CliRunner
 
     from mlxspec.cli import app
 
     out = tmp_path_factory.mktemp("eagle") / "head"
-    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle", "--quick", "--loss", "eal", "--out", str(out), "--json"])
+    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle", "--quick", "--loss", "eal", "--target-written", "4",
+                                   "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
     return out, json.loads(r.stdout)
 
@@ -263,7 +333,11 @@ def test_quick_eagle_training_improves_acceptance_and_writes_a_card(quick_eagle)
     first = np.mean([h["accept_1"] for h in history[:5]])
     last = np.mean([h["accept_1"] for h in history[-5:]])
     assert last > first
-    assert (out / "head.safetensors").is_file() and "Reproduce: `mlxspec train-draft --arch eagle" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert (out / "head.safetensors").is_file() and "Reproduce: `mlxspec train-draft --arch eagle" in card
+    assert "--target-written 4" in card
+    written = {c: n for c, n in summary["data"]["tokens_per_category"].items() if c.endswith(" (target)")}
+    assert len(written) == 4 and all(n > 0 for n in written.values())  # the first 4 prompts: 4 categories
 
 
 @pytest.mark.model
@@ -299,6 +373,11 @@ def test_cli_bad_heads_and_arch_are_one_line_errors(quick_eagle, tmp_path):
     assert r.exit_code == 2 and r.output.count("error:") == 1 and "cannot read head.safetensors" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--arch", "medusa", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "unknown --arch 'medusa'" in r.output
+    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle", "--quick", "--target-written", "500",
+                                 "--out", str(tmp_path / "y")])
+    assert r.exit_code == 2 and r.output.count("error:") == 1 and "the corpus has 22 prompts" in r.output
+    r = CliRunner().invoke(app, ["train-draft", "--target-written", "5", "--out", str(tmp_path / "z")])
+    assert r.exit_code == 2 and "--target-written is for --arch eagle" in r.output
 
 
 def test_feature_shards_are_shared_by_sets_with_a_common_prefix(tmp_path, monkeypatch):

@@ -141,6 +141,58 @@ def test_cache_rollback_and_compaction_match_a_list_and_mlx(data):
             np.testing.assert_array_equal(np.array(mx_cache.keys[..., : mx_cache.offset, :]), want)
 
 
+# ----------------------------------------------------------------------------- batched generation
+
+
+def mlx_greedy(m: Llama, prompt: list[int], n: int, stop: set[int]) -> list[int]:
+    seq, out = list(prompt), []
+    for _ in range(n):
+        t = int(mx.argmax(m(mx.array([seq]), None)[0, -1]).item())
+        if t in stop:
+            break
+        out.append(t)
+        seq.append(t)
+    return out
+
+
+def test_batched_greedy_is_each_prompts_own_decoding():
+    """Left padding and masked pad keys: every row of a batch of mixed lengths decodes as MLX
+    decodes it alone, and stops before its stop token."""
+    from mlxspec.torchpath.generate import generate
+
+    m, t = twins(4)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, BASE["vocab_size"], n).tolist() for n in (1, 9, 4, 23)]
+    free = generate(t, prompts, 12, 0.0, 0, stop=[])
+    assert free == [mlx_greedy(m, p, 12, set()) for p in prompts]
+    stop = {free[2][3]}  # a token row 2 emits at its fourth step
+    stopped = generate(t, prompts, 12, 0.0, 0, stop=sorted(stop))
+    assert stopped == [mlx_greedy(m, p, 12, stop) for p in prompts] and len(stopped[2]) <= 3
+
+
+def test_batched_sampling_draws_each_rows_own_distribution():
+    """At T = 0.7 the first token of each row, over 3,000 rows of two prompts of different
+    lengths in one batch, follows that prompt's own softmax (chi-square), and a seed repeats."""
+    from scipy.stats import chisquare
+
+    from mlxspec.torchpath.generate import generate
+
+    m, t = twins(5)
+    short, long = [3, 7], [5, 1, 8, 2, 9, 4, 4, 6, 11, 2]
+    rows = [short, long] * 1500
+    first = np.array([c[0] for c in generate(t, rows, 1, 0.7, 3, stop=[])])
+    for k, p in enumerate((short, long)):
+        probs = np.array(mx.softmax(m(mx.array([p]), None)[0, -1].astype(mx.float32) / 0.7), np.float64)
+        probs /= probs.sum()
+        counts = np.bincount(first[k::2], minlength=len(probs))
+        keep = probs * 1500 >= 5  # pool the rare tokens so every expected count is >= 5
+        f_obs = np.append(counts[keep], counts[~keep].sum())
+        f_exp = np.append(probs[keep], probs[~keep].sum()) * 1500
+        assert chisquare(f_obs, f_exp).pvalue > 1e-3
+    again = np.array([c[0] for c in generate(t, rows[:40], 1, 0.7, 3, stop=[])])
+    assert (again == first[:40]).all()
+
+
 # ----------------------------------------------------------------------------- exact distribution (L2)
 
 

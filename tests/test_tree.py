@@ -341,8 +341,7 @@ def random_head(target, seed: int = 1):
 
     from mlxspec.training.eagle import new_head
 
-    mx.random.seed(seed)
-    head = new_head(target, mx.array(sorted(list(range(0, VOCAB, 2)) + [1])))
+    head = new_head(target, mx.array(sorted(list(range(0, VOCAB, 2)) + [1])), seed=seed)
     flat = [(k, mx.random.normal(v.shape) * 0.3) for k, v in tree_flatten(head.parameters())
             if not k.startswith("lm_head")]
     head.load_weights(flat, strict=False)

@@ -306,13 +306,17 @@ class EagleHead(nn.Module):
     def make_cache(self) -> list[KVCache]:
         return [KVCache()]
 
-    def forward(self, features, tokens, cache=None, mask=None, positions=None):
+    def predict(self, features, tokens, cache=None, mask=None, positions=None) -> torch.Tensor:
+        """The predicted next features only (training scores just the rows it trains on)."""
         e = self.target[0].model.embed_tokens(tokens.to(features.device)).to(features.dtype)
         h = self.fc(torch.cat([features, e], dim=-1))
         offset = cache[0].offset if cache else 0
         mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
         cos, sin = self.rope.tables(positions, h.dtype)
-        pred = self.block(h, mask, None if cache is None else cache[0], self.rope, cos, sin)
+        return self.block(h, mask, None if cache is None else cache[0], self.rope, cos, sin)
+
+    def forward(self, features, tokens, cache=None, mask=None, positions=None):
+        pred = self.predict(features, tokens, cache, mask, positions)
         return pred, self.lm_head(pred)
 
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:

@@ -36,12 +36,14 @@ def config_for(target: LlamaConfig, tokenizer, head_vocab: int) -> EagleConfig:
     )
 
 
-def new_head(target, vocab_ids: mx.array) -> EagleHead:
+def new_head(target, vocab_ids: mx.array, seed: int = 0) -> EagleHead:
     """A fresh head for ``target`` (a ``LoadedModel`` in float weights) that starts as the
     identity on features: the input projection passes the feature through, the block's residual
     branches start at zero, and the output rows are the target's own for ``vocab_ids``. It
-    first predicts f_{t+1} = f_t and learns the difference, instead of starting from noise."""
+    first predicts f_{t+1} = f_t and learns the difference, instead of starting from noise.
+    The rest (the block's inner projections) is MLX's default init drawn from ``seed``."""
     cfg = config_for(target.config, target.tokenizer, int(vocab_ids.shape[0]))
+    mx.random.seed(seed)
     head = EagleHead(cfg, vocab_ids, target.model.model.embed_tokens)
     params = dict(tree_flatten(target.model.parameters()))
     if any(k.endswith(".scales") for k in params):
