@@ -808,8 +808,12 @@ def _train_eagle(out: Path, model: str, cfg, head_vocab: int, per_category: int,
                 err.print(f"step {log.step}/{cfg.steps} {line} {log.positions_per_s:.0f} positions/s "
                           f"{time.perf_counter() - t0:.0f}s")
 
-        history = et.train_head(head, data, rows, cfg, out, resume=resume, on_step=on_step,
-                                torch_target=teacher.model if spec != "mlx" else None)
+        stepper = None
+        if spec != "mlx":
+            from mlxspec.torchpath.eagle_train import TorchStepper
+
+            stepper = TorchStepper(head, cfg, teacher.model)
+        history = et.train_head(head, data, rows, cfg, out, resume=resume, on_step=on_step, stepper=stepper)
     seconds = time.perf_counter() - t0
     recipe = (f"mlxspec train-draft --arch eagle --loss {cfg.loss} --window {cfg.k} --temp {cfg.temp:g} "
               f"--steps {cfg.steps} --batch {cfg.batch} --context {cfg.context} --lr {cfg.lr:g} "

@@ -240,19 +240,24 @@ def _flat_tree(tree):
 
 def test_torch_training_improves_its_objective_and_resumes_exactly(target, tmp_path):
     torch, tt = torch_twin_target(target)
+    from mlxspec.torchpath.eagle_train import TorchStepper
+
     data = tiny_features(target)
     ids = mx.array(sorted(HEAD_IDS))
     rows = target.model.model.embed_tokens.weight[ids]
     cfg = EagleTrainConfig(loss="eal", steps=6, batch=2, context=16, k=2, lr=3e-3, warmup=1, checkpoint_every=3)
+    def run(head, out, **kw):
+        return train_head(head, data, rows, cfg, out, stepper=TorchStepper(head, cfg, tt), **kw)
+
     whole = new_head(target, ids)
-    history = train_head(whole, data, rows, cfg, tmp_path / "whole", torch_target=tt)
+    history = run(whole, tmp_path / "whole")
     assert history[-1].loss < history[0].loss
     with pytest.raises(_Stop):
-        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", on_step=_stop_after(3), torch_target=tt)
+        run(new_head(target, ids), tmp_path / "cut", on_step=_stop_after(3))
     with pytest.raises(MlxspecError, match="trained on torch, not mlx"):
         train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", resume=True)
     resumed = new_head(target, ids)
-    history = train_head(resumed, data, rows, cfg, tmp_path / "cut", resume=True, torch_target=tt)
+    history = run(resumed, tmp_path / "cut", resume=True)
     assert [h.step for h in history] == [1, 2, 3, 4, 5, 6]
     for (k, a), (_, b) in zip(_flat(whole), _flat(resumed)):
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)

@@ -1,5 +1,5 @@
 """Training an eagle head on torch: the twin of ``training/eagle_train.py``'s objectives and its
-optimiser step, for ``train_head(..., torch_target=...)``.
+optimiser step, for ``train_head(..., stepper=TorchStepper(head, cfg, torch_target))``.
 
 The loop, batches, log and checkpoints stay in ``training/eagle_train.py``; this trains the
 head's torch twin (``torchpath.model.EagleHead``, built ``from_mlx``) and copies the weights
@@ -152,14 +152,20 @@ class TorchStepper:
     name = "torch"
 
     def __init__(self, head: Any, cfg: EagleTrainConfig, target: Llama):
-        self.head, self.cfg = head, cfg
-        self.twin = EagleHead.from_mlx(head, target).float().requires_grad_(True)
+        self.head, self.cfg, self.target = head, cfg, target
         self.device = target.device
         self.schedule = warmup_cosine(cfg.lr, cfg.warmup, cfg.steps)
-        self.opt = torch.optim.AdamW(list(self.twin.parameters()), lr=cfg.lr, weight_decay=0.0)
+        self.twin: EagleHead | None = None  # built on first use: a resumed head loads its weights first
+        self.opt: torch.optim.Optimizer | None = None
         self.updates = 0
 
+    def _ready(self) -> None:
+        if self.twin is None:
+            self.twin = EagleHead.from_mlx(self.head, self.target).float().requires_grad_(True)
+            self.opt = torch.optim.AdamW(list(self.twin.parameters()), lr=self.cfg.lr, weight_decay=0.0)
+
     def step(self, batch: dict[str, mx.array], lam: float) -> tuple[float, float, float, float, float]:
+        self._ready()
         for g in self.opt.param_groups:  # MLX's schedule, read at MLX's update count
             g["lr"] = float(self.schedule(mx.array(self.updates)).item())
         b = to_torch_batch(batch, self.device)
@@ -172,14 +178,18 @@ class TorchStepper:
         return loss.item(), kl.item(), feat.item(), first.item(), chain.item()
 
     def sync(self) -> None:
+        if self.twin is None:
+            return
         weights = [(k, mx.array(v.detach().float().cpu().numpy())) for k, v in self.twin.state_dict().items()]
         self.head.load_weights(weights, strict=True)
         mx.eval(self.head.parameters())
 
     def save_optimizer(self, folder: Path) -> None:
+        self._ready()
         torch.save({"optimizer": self.opt.state_dict(), "updates": self.updates}, folder / "optimizer.pt")
 
     def load_optimizer(self, folder: Path) -> None:
+        self._ready()
         state = torch.load(folder / "optimizer.pt", map_location=self.device)
         self.opt.load_state_dict(state["optimizer"])
         self.updates = state["updates"]

@@ -249,20 +249,15 @@ def _resume(out: Path, head: EagleHead, cfg: EagleTrainConfig, backend: str) -> 
 
 def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: EagleTrainConfig, out: Path,
                resume: bool = False, on_step: Callable[[EagleStepLog], None] | None = None,
-               torch_target: Any = None) -> list[EagleStepLog]:
+               stepper: Any = None) -> list[EagleStepLog]:
     """Train ``head`` in place on ``data``; ``teacher_rows`` are the target's head rows for the
-    head's vocabulary (frozen). Checkpoints to ``out``; ``resume`` continues exactly. With
-    ``torch_target`` (the target's torch twin) the steps run on torch, on its device."""
+    head's vocabulary (frozen). Checkpoints to ``out``; ``resume`` continues exactly. The steps
+    run on ``stepper`` (default ``MlxStepper(head, cfg)``; ``torchpath.eagle_train.TorchStepper``
+    runs them on torch)."""
     cfg.validate()
     mx.random.seed(cfg.seed)
-    backend = "mlx" if torch_target is None else "torch"
-    start, history = _resume(out, head, cfg, backend) if resume else (0, [])
-    if torch_target is None:
-        stepper = MlxStepper(head, cfg)
-    else:
-        from mlxspec.torchpath.eagle_train import TorchStepper
-
-        stepper = TorchStepper(head, cfg, torch_target)
+    stepper = stepper or MlxStepper(head, cfg)
+    start, history = _resume(out, head, cfg, stepper.name) if resume else (0, [])
     if resume:
         stepper.load_optimizer(out / CHECKPOINT)
     order = batch_order(len(data.lengths), cfg.steps, cfg.batch, cfg.seed)
