@@ -6,8 +6,8 @@ head's torch twin (``torchpath.model.EagleHead``, built ``from_mlx``) and copies
 back into the MLX head whenever it is saved. The objectives are the MLX ones term for term
 (``tests/test_eagle.py`` checks the values and gradients against them); the optimiser is
 torch's AdamW, which corrects Adam's moment bias where MLX's does not, so the two backends'
-runs start alike and drift apart, as two seeds would. On this CPU it trains ~4x the positions per
-second of the MLX trainer (BENCHMARKS §18).
+runs start alike and drift apart, as two seeds would. On this CPU a step ran 2.3-2.9x faster than
+MLX's on the same batches, run alternately (BENCHMARKS §18).
 """
 
 from __future__ import annotations
