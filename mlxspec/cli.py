@@ -411,6 +411,8 @@ def bench(
     warmup: int = typer.Option(1, help="Untimed warm-up runs."),
     repeats: int = typer.Option(1, help="Timed repeats (order alternates between methods)."),
     mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts; beside an eagle head, the target's first 8 layers)."),
+    mlx_lm_draft: Optional[str] = typer.Option(None, "--mlx-lm-draft", help="The draft mlx-lm's peer runs instead (a registry draft, a draft folder or self:L), e.g. its best one for this target when --draft is an eagle head."),
+    mlx_lm_k: Optional[int] = typer.Option(None, "--mlx-lm-k", help="Draft tokens per step of mlx-lm's peer (default: --k; 4 under --k auto), e.g. its fastest K from a sweep."),
     dtype: str = DtypeOpt,
     seed: int = typer.Option(0, help="Sampling seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
@@ -450,7 +452,7 @@ def bench(
             result = b.spec_bench(_target(model, dtype, backend, device), draft, "auto" if k is None else k,
                                   tuple(temps), categories, per_category, max_tokens, warmup, repeats, mlx_lm,
                                   prompts_file, seed, progress, dtype=dtype, remeasure_cost=remeasure_cost,
-                                  tree=shape)
+                                  tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k)
     if as_json:
         _print_json(result.to_json())
     else:

@@ -404,6 +404,28 @@ def test_spec_bench_self_draft_with_mlx_lm(lm):
 
 
 @pytest.mark.model
+def test_spec_bench_peer_with_its_own_draft_and_k(lm):
+    """mlx-lm's peer can run another draft than ours (its best for the target) at its own K."""
+    result = bench.spec_bench(lm, "ngram:3", k=2, temps=(0.0,), categories=["qa"], per_category=1,
+                              max_tokens=6, warmup=0, repeats=1, with_mlx_lm=True, peer_draft="self:2", peer_k=1)
+    data = result.to_json()
+    assert "first 2 layers" in data["mlx_lm"]["description"]
+    assert data["settings"]["mlx_lm_k"] == 1 and data["settings"]["mlx_lm_draft"] == "self:2"
+    (peer,) = [r for r in data["runs"] if r["method"] == "mlx_lm"]
+    assert peer["drafted"] and set(peer["drafted"]) == {1}
+    out = io.StringIO()
+    bench.print_spec(result, Console(file=out, width=220))
+    assert "1 draft tokens a step" in out.getvalue()
+
+
+def test_spec_bench_peer_options_need_the_peer():
+    with pytest.raises(MlxspecError, match="drop --no-mlx-lm"):
+        bench.spec_bench("default", "ngram:3", k=2, with_mlx_lm=False, peer_k=2)
+    with pytest.raises(MlxspecError, match=r"--mlx-lm-k must be in 1\.\.64, got 0"):
+        bench.spec_bench("default", "ngram:3", k=2, peer_k=0)
+
+
+@pytest.mark.model
 def test_spec_bench_with_a_tree(lm):
     """``bench --tree``: the speculative runs draft trees (greedy output still the target's)."""
     from mlxspec.core.tree import parse_tree

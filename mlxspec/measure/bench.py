@@ -1002,6 +1002,7 @@ class SpecSettings:
     prompts_file: str | None
     headline: str = "end-to-end tokens/s = generated tokens / (prefill_s + decode_s)"
     mlx_lm_k: int | None = None  # K of mlx-lm's peer (``MLX_LM_K_WITH_AUTO`` under --k auto)
+    mlx_lm_draft: str | None = None  # the peer's own drafter, when not the benchmarked one
     tree: str | None = None  # --tree: the shape every speculative step drafts (k is then its depth)
 
 
@@ -1031,12 +1032,12 @@ Runner = Callable[[str, float, list[int], int], Run]
 
 
 def _spec_runner(lm, drafter, stop: set[int], params_of: dict[float, Any], peer: Peer, k: Any, seed: int,
-                 tree: Any = None) -> Runner:
+                 tree: Any = None, peer_k: int | None = None) -> Runner:
     """run(method, temperature, prompt ids, max tokens) for every method of the benchmark. ``k``:
-    an int, or an ``AutoK`` whose ``fresh()`` copy each speculative run starts from (mlx-lm's
-    peer then drafts ``MLX_LM_K_WITH_AUTO``). ``tree``: the speculative runs draft trees of
-    that shape (mlx-lm's peer a chain of its depth)."""
-    fixed = k if isinstance(k, int) else MLX_LM_K_WITH_AUTO
+    an int, or an ``AutoK`` whose ``fresh()`` copy each speculative run starts from. ``tree``:
+    the speculative runs draft trees of that shape. mlx-lm's peer drafts ``peer_k`` tokens a
+    step (default: ``k``, the tree's depth, or ``MLX_LM_K_WITH_AUTO`` under auto)."""
+    fixed = peer_k or (k if isinstance(k, int) else MLX_LM_K_WITH_AUTO)
 
     def run(method: str, t: float, p: list[int], n: int) -> Run:
         if method == "mlx_lm":
@@ -1114,11 +1115,15 @@ def spec_bench(
     dtype: str = "auto",
     remeasure_cost: bool = False,
     tree: Any = None,
+    peer_draft: str | None = None,
+    peer_k: int | None = None,
 ) -> SpecBenchResult:
     """Speculative (``draft``, ``k``) against target-only decoding of ``model_spec`` (a spec for
     ``loading.load`` or an already loaded ``LoadedModel``), per Spec-Bench category and overall,
     per temperature; plus mlx-lm's own speculative decoding with the same pair when the drafter
-    is a model (``self:L``: a truncated copy of the target; a model path: that model).
+    is a model (``self:L``: a truncated copy of the target; a model path: that model), or with
+    ``peer_draft`` (any model drafter: mlx-lm's best draft for this target need not be ours),
+    drafting ``peer_k`` tokens a step.
 
     Prompts: ``runs.spec_bench_prompts`` (chat template applied). For each temperature and
     prompt: target-only (``generate(drafter=None)``) and speculative (same seed, same
@@ -1145,14 +1150,27 @@ def spec_bench(
     from mlxspec.core.sampling import SamplingParams
 
     k, temps = _check_spec_args(k, max_tokens, warmup, repeats, temps)
+    if peer_k is not None:
+        from mlxspec.core.drafters.base import MAX_K
+
+        if not 1 <= peer_k <= MAX_K:
+            raise MlxspecError(f"--mlx-lm-k must be in 1..{MAX_K}, got {peer_k}")
+    if (peer_draft is not None or peer_k is not None) and not with_mlx_lm:
+        raise MlxspecError("--mlx-lm-draft and --mlx-lm-k set up mlx-lm's peer; drop --no-mlx-lm")
     params_of = {t: SamplingParams(temperature=t) for t in temps}  # validates them before any loading
     items, note = spec_bench_prompts(categories, per_category, prompts_file)
     lm, drafter, stop, ids = prepare_speculative_run(
         model_spec, draft, dtype, items, max_tokens, no_drafter="spec_bench needs a drafter (got 'none')")
     if getattr(lm, "backend", "mlx") != "mlx":
         peer = Peer(reason=f"mlx-lm runs on MLX only; the target runs on {lm.backend}")
+    elif not with_mlx_lm:
+        peer = Peer(reason="not requested (with_mlx_lm=False)")
+    elif peer_draft is not None:
+        from mlxspec.targets.drafts import make_drafter
+
+        peer = mlx_lm_peer(lm, peer_draft, make_drafter(peer_draft, lm, lm.dtype))
     else:
-        peer = mlx_lm_peer(lm, draft, drafter) if with_mlx_lm else Peer(reason="not requested (with_mlx_lm=False)")
+        peer = mlx_lm_peer(lm, draft, drafter)
     say = (lambda s: progress(0, None, s)) if progress else None
     if tree is not None:  # every speculative step drafts this shape; K is its depth
         from mlxspec.core.drafters import can_branch
@@ -1164,7 +1182,7 @@ def spec_bench(
         tree, k = tree_costs(tree, lm, remeasure_cost, log=say), tree.depth
     policy = k_policy(k, lm, drafter, remeasure_cost, log=say)
     width = policy if isinstance(policy, int) else policy.max_k  # draft positions reported
-    run = _spec_runner(lm, drafter, stop, params_of, peer, policy, seed, tree)
+    run = _spec_runner(lm, drafter, stop, params_of, peer, policy, seed, tree, peer_k)
     methods = ["target", "spec"] + (["mlx_lm"] if peer.target is not None else [])
     runs = _time_spec_runs(run, methods, temps, items, ids, max_tokens, warmup, repeats, progress)
 
@@ -1173,7 +1191,8 @@ def spec_bench(
     settings = SpecSettings(draft, k, list(temps), cats, per_category if prompts_file is None else None, max_tokens,
                             warmup, min(max_tokens, WARMUP_TOKENS), repeats, seed, with_mlx_lm,
                             str(prompts_file) if prompts_file is not None else None,
-                            mlx_lm_k=k if isinstance(k, int) else MLX_LM_K_WITH_AUTO,
+                            mlx_lm_k=peer_k or (k if isinstance(k, int) else MLX_LM_K_WITH_AUTO),
+                            mlx_lm_draft=peer_draft,
                             tree=None if tree is None else str(tree))
     return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
                            verdicts(results, draft, k if tree is None else f"tree {tree}"))
@@ -1256,4 +1275,6 @@ def print_spec(result: SpecBenchResult, console) -> None:
         console.print(f"[yellow]note:[/] {result.note}")
     if result.peer.target is None and result.settings.with_mlx_lm:
         console.print(f"[dim]mlx-lm peer: none ({result.peer.reason})[/]")
+    elif result.peer.target is not None:
+        console.print(f"[dim]mlx-lm peer: {result.peer.description}, {result.settings.mlx_lm_k} draft tokens a step[/]")
     print_verdicts(result.verdicts, console)
