@@ -409,7 +409,7 @@ def bench(
     prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="Prompts from a file instead (one per line, or jsonl with 'turns')."),
     max_tokens: int = typer.Option(64, "--max-tokens", "-n", help="New tokens per prompt."),
     warmup: int = typer.Option(1, help="Untimed warm-up runs."),
-    repeats: int = typer.Option(1, help="Timed repeats (order alternates between methods)."),
+    repeats: int = typer.Option(1, help="Timed repeats (the methods' order rotates from prompt to prompt and repeat to repeat)."),
     mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts; beside an eagle head, the target's first 8 layers)."),
     mlx_lm_draft: Optional[str] = typer.Option(None, "--mlx-lm-draft", help="The draft mlx-lm's peer runs instead (a registry draft, a draft folder or self:L), e.g. its best one for this target when --draft is an eagle head."),
     mlx_lm_k: Optional[int] = typer.Option(None, "--mlx-lm-k", help="Draft tokens per step of mlx-lm's peer (default: --k; 4 under --k auto), e.g. its fastest K from a sweep."),

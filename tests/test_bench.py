@@ -418,6 +418,18 @@ def test_spec_bench_peer_with_its_own_draft_and_k(lm):
     assert "1 draft tokens a step" in out.getvalue()
 
 
+def test_spec_runs_rotate_every_method_through_every_position():
+    """Three methods over three prompts: each runs first, second and third once (a reversed
+    order would keep the middle one in the middle for ever)."""
+    calls = []
+    items = [{"id": i, "category": "qa"} for i in range(3)]
+    bench._time_spec_runs(lambda m, t, p, n: calls.append(m), ["target", "spec", "mlx_lm"], (1.0,), items,
+                          [[1], [2], [3]], 4, warmup=0, repeats=1, progress=None)
+    rounds = [calls[i:i + 3] for i in range(0, 9, 3)]
+    for position in range(3):
+        assert sorted(r[position] for r in rounds) == ["mlx_lm", "spec", "target"]
+
+
 def test_spec_bench_peer_options_need_the_peer():
     with pytest.raises(MlxspecError, match="drop --no-mlx-lm"):
         bench.spec_bench("default", "ngram:3", k=2, with_mlx_lm=False, peer_k=2)

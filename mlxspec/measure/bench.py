@@ -1068,7 +1068,9 @@ def _round(run: Runner, order: Sequence[str], t: float, it: dict[str, Any], p: l
 def _time_spec_runs(run: Runner, methods: list[str], temps: Sequence[float], items: list[dict[str, Any]],
                     ids: list[list[int]], max_tokens: int, warmup: int, repeats: int,
                     progress: Progress) -> list[SpecRun]:
-    """Warm-up, then every (temperature, repeat, prompt) round, the method order alternating."""
+    """Warm-up, then every (temperature, repeat, prompt) round, the method order rotating from
+    round to round, so each method runs in each position equally often (a machine that slows
+    down or warms up over a round then favours none)."""
     runs: list[SpecRun] = []
     tick = progress_ticker(progress, len(temps) * len(items) * repeats * len(methods))
     for ti, t in enumerate(temps):
@@ -1077,7 +1079,8 @@ def _time_spec_runs(run: Runner, methods: list[str], temps: Sequence[float], ite
                 run(m, t, ids[0], min(max_tokens, WARMUP_TOKENS))
         for r in range(repeats):
             for j, (it, p) in enumerate(zip(items, ids)):
-                order = methods if (ti + j + r) % 2 == 0 else methods[::-1]
+                shift = (ti + j + r) % len(methods)
+                order = methods[shift:] + methods[:shift]
                 suffix = f" · repeat {r + 1}/{repeats}"
                 runs += _round(run, order, t, it, p, r, max_tokens, lambda label, s=suffix: tick(label + s))
     return runs
@@ -1127,8 +1130,8 @@ def spec_bench(
 
     Prompts: ``runs.spec_bench_prompts`` (chat template applied). For each temperature and
     prompt: target-only (``generate(drafter=None)``) and speculative (same seed, same
-    ``max_tokens``, the tokenizer's real end-of-sequence set), order alternating across prompts
-    and repeats, after ``warmup`` untimed rounds of every method per temperature
+    ``max_tokens``, the tokenizer's real end-of-sequence set; mlx-lm's peer too), the order
+    rotating across prompts and repeats, after ``warmup`` untimed rounds of every method per temperature
     (``WARMUP_TOKENS`` tokens, first prompt). Headline tokens/s is END-TO-END: generated tokens /
     (prefill + decode) seconds; decode-only tokens/s is kept too. The verdict per temperature
     rests on a bootstrap interval of the speedup over (prompt, repeat) pairs (``verdict``).
