@@ -174,6 +174,7 @@ class TorchStepper:
         self.twin: EagleHead | None = None  # built on first use: a resumed head loads its weights first
         self.opt: torch.optim.Optimizer | None = None
         self.updates = 0
+        self._rows: tuple[mx.array, torch.Tensor] | None = None  # the teacher's rows, converted once
 
     def _ready(self) -> None:
         if self.twin is None:
@@ -184,7 +185,8 @@ class TorchStepper:
         self._ready()
         for g in self.opt.param_groups:  # MLX's schedule, read at MLX's update count
             g["lr"] = float(self.schedule(mx.array(self.updates)).item())
-        b = to_torch_batch(batch, self.device)
+        b = to_torch_batch({k: v for k, v in batch.items() if k != "teacher_rows"}, self.device)
+        b["teacher_rows"] = self._teacher_rows(batch["teacher_rows"])
         loss, kl, feat, first, chain = objectives(self.twin, b, self.cfg, lam)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -192,6 +194,12 @@ class TorchStepper:
         self.opt.step()
         self.updates += 1
         return loss.item(), kl.item(), feat.item(), first.item(), chain.item()
+
+    def _teacher_rows(self, rows: mx.array) -> torch.Tensor:
+        """The frozen teacher rows on torch: the same array every step, so copied once."""
+        if self._rows is None or self._rows[0] is not rows:
+            self._rows = (rows, to_torch_batch({"teacher_rows": rows}, self.device)["teacher_rows"])
+        return self._rows[1]
 
     def sync(self) -> None:
         if self.twin is None:
