@@ -1032,16 +1032,14 @@ Runner = Callable[[str, float, list[int], int], Run]
 
 
 def _spec_runner(lm, drafter, stop: set[int], params_of: dict[float, Any], peer: Peer, k: Any, seed: int,
-                 tree: Any = None, peer_k: int | None = None) -> Runner:
+                 tree: Any, peer_k: int) -> Runner:
     """run(method, temperature, prompt ids, max tokens) for every method of the benchmark. ``k``:
     an int, or an ``AutoK`` whose ``fresh()`` copy each speculative run starts from. ``tree``:
-    the speculative runs draft trees of that shape. mlx-lm's peer drafts ``peer_k`` tokens a
-    step (default: ``k``, the tree's depth, or ``MLX_LM_K_WITH_AUTO`` under auto)."""
-    fixed = peer_k or (k if isinstance(k, int) else MLX_LM_K_WITH_AUTO)
+    the speculative runs draft trees of that shape. mlx-lm's peer drafts ``peer_k`` tokens a step."""
 
     def run(method: str, t: float, p: list[int], n: int) -> Run:
         if method == "mlx_lm":
-            return mlx_lm_run(peer.target, peer.draft, lm.tokenizer, p, t, n, fixed, seed)
+            return mlx_lm_run(peer.target, peer.draft, lm.tokenizer, p, t, n, peer_k, seed)
         policy = k if isinstance(k, int) else k.fresh()
         spec = method == "spec"
         return engine_run(lm, p, params_of[t], n, stop, seed, drafter if spec else None, policy,
@@ -1185,6 +1183,8 @@ def spec_bench(
         tree, k = tree_costs(tree, lm, remeasure_cost, log=say), tree.depth
     policy = k_policy(k, lm, drafter, remeasure_cost, log=say)
     width = policy if isinstance(policy, int) else policy.max_k  # draft positions reported
+    # mlx-lm has no auto K and no trees: its peer drafts a chain of --mlx-lm-k, --k or the tree's depth
+    peer_k = peer_k or (k if isinstance(k, int) else MLX_LM_K_WITH_AUTO)
     run = _spec_runner(lm, drafter, stop, params_of, peer, policy, seed, tree, peer_k)
     methods = ["target", "spec"] + (["mlx_lm"] if peer.target is not None else [])
     runs = _time_spec_runs(run, methods, temps, items, ids, max_tokens, warmup, repeats, progress)
@@ -1194,7 +1194,7 @@ def spec_bench(
     settings = SpecSettings(draft, k, list(temps), cats, per_category if prompts_file is None else None, max_tokens,
                             warmup, min(max_tokens, WARMUP_TOKENS), repeats, seed, with_mlx_lm,
                             str(prompts_file) if prompts_file is not None else None,
-                            mlx_lm_k=peer_k or (k if isinstance(k, int) else MLX_LM_K_WITH_AUTO),
+                            mlx_lm_k=peer_k,
                             mlx_lm_draft=peer_draft,
                             tree=None if tree is None else str(tree))
     return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
