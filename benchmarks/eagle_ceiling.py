@@ -109,8 +109,10 @@ def draft_cost(lm, head, ids: list[int], rounds: int = 30) -> float:
     return statistics.median(head_ms) / statistics.median(target_ms)
 
 
-def walk(slots: list[Slot], choose: Callable[[Slot], tuple[int, int]], cost: Sequence[float], d: float) -> PolicyResult:
-    """Decode along the text: at each step ``choose`` gives (K verified, drafts computed)."""
+def walk(policy: str, slots: list[Slot], choose: Callable[[Slot], tuple[int, int]], cost: Sequence[float],
+         d: float) -> PolicyResult:
+    """Decode along the text: at each step ``choose`` gives (K verified, drafts computed). A step
+    never runs past its prompt: the next one starts at the next prompt's first slot."""
     tokens = time_units = steps = 0.0
     i = 0
     while i < len(slots):
@@ -125,7 +127,7 @@ def walk(slots: list[Slot], choose: Callable[[Slot], tuple[int, int]], cost: Seq
         if step_end < len(slots) and slots[step_end].prompt != s.prompt:
             step_end = next((j for j in range(i + 1, len(slots)) if slots[j].prompt != s.prompt), len(slots))
         i = step_end
-    return PolicyResult("", tokens / time_units, tokens / steps)
+    return PolicyResult(policy, tokens / time_units, tokens / steps)
 
 
 def calibration(slots: list[Slot]) -> np.ndarray:
@@ -179,20 +181,15 @@ def main() -> None:
         print(f"{p['category']:16s} #{p['id']}: first-draft agreement "
               f"{np.mean([s.accepted[0] for s in slots if s.prompt == i]):.2f}", flush=True)
     d = draft_cost(lm, head, encode_prompt(lm.tokenizer, items[0]["text"]))
-    results = []
-    for k in range(MAX_K + 1):
-        results.append(walk(slots, lambda s, k=k: (k, k), cost, d))
-        results[-1].policy = f"K={k}"
+    results = [walk(f"K={k}", slots, lambda s, k=k: (k, k), cost, d) for k in range(MAX_K + 1)]
     # cross-fitted: each prompt's calibration comes from the other prompts
     by_prompt = {}
     for i in range(len(items)):
         cal = calibration([s for s in slots if s.prompt != i])
         by_prompt[i] = gated(cal, cost, d)
-    results.append(walk(slots, lambda s: by_prompt[s.prompt](s), cost, d))
-    results[-1].policy = "confidence-gated"
+    results.append(walk("confidence-gated", slots, lambda s: by_prompt[s.prompt](s), cost, d))
     oracle = lambda s: (next((j for j, a in enumerate(s.accepted) if not a), len(s.accepted)),) * 2  # noqa: E731
-    results.append(walk(slots, oracle, cost, d))
-    results[-1].policy = "oracle"
+    results.append(walk("oracle", slots, oracle, cost, d))
     print(f"\nslots {len(slots)}, draft cost d = {d:.3f} target passes per drafted token, cost curve "
           + " ".join(f"{c:.2f}" for c in cost[:6]))
     for r in results:
