@@ -40,7 +40,7 @@ def main() -> None:
     rows = []
     for spec in args.tree or ["1x2", "3x2"]:
         for shape in (parse_tree(spec), parse_tree(spec + ":sample")):
-            accepted, steps = [], 0
+            accepted = []
             for seed in range(args.seeds):
                 for prompt in ids:
                     drafter = make_drafter(args.draft, lm, lm.dtype)

@@ -41,7 +41,6 @@ import mlx.core as mx
 import numpy as np
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
-from mlxspec.core import engine
 from mlxspec.core import ops as mlx_ops
 from mlxspec.core.events import Event, Step
 
