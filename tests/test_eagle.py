@@ -37,9 +37,13 @@ HEAD_IDS = list(range(0, VOCAB, 2)) + [1]
 
 def random_head(target, seed: int = 1) -> EagleHead:
     """A fresh head with every weight random, so drafts are varied and often rejected."""
-    head = new_head(target, mx.array(sorted(HEAD_IDS)), seed=seed)
-    flat = [(k, mx.random.normal(v.shape) * 0.3) for k, v in _flat(head) if not k.startswith("lm_head")]
-    head.load_weights(flat, strict=False)
+    return randomised(new_head(target, mx.array(sorted(HEAD_IDS)), seed=seed))
+
+
+def randomised(head: EagleHead) -> EagleHead:
+    """``head`` with every weight but the output rows redrawn."""
+    head.load_weights([(k, mx.random.normal(v.shape) * 0.3) for k, v in _flat(head) if not k.startswith("lm_head")],
+                      strict=False)
     mx.eval(head.parameters())
     return head
 
@@ -273,6 +277,24 @@ def test_save_and_load_round_trip(target, tmp_path):
     f = features(target, [1, 2, 3])
     a, b = head(f[None], mx.array([[2, 3, 4]])), again(f[None], mx.array([[2, 3, 4]]))
     np.testing.assert_allclose(np.array(a[1]), np.array(b[1]), rtol=1e-6)
+
+
+def test_a_wider_head_starts_as_the_identity_and_round_trips(target, tmp_path):
+    """``intermediate_size`` widens only the block's MLP: the fresh head still predicts
+    f_{t+1} = f_t, the folder records the width, and loading rebuilds it."""
+    ids = mx.array(sorted(HEAD_IDS))
+    wide = new_head(target, ids, intermediate_size=3 * target.config.intermediate_size)
+    assert wide.block.mlp.gate_proj.weight.shape[0] == 3 * target.config.intermediate_size
+    f = features(target, [1, 2, 3])
+    pred, _ = wide(f[None], mx.array([[2, 3, 4]]))
+    np.testing.assert_allclose(np.array(pred[0]), np.array(f), rtol=1e-5, atol=1e-5)
+    wide = randomised(wide)
+    again = load_head(save_head(wide, tmp_path / "w", dtype="float32"), target)
+    assert again.cfg.intermediate_size == 3 * target.config.intermediate_size
+    a, b = wide(f[None], mx.array([[2, 3, 4]])), again(f[None], mx.array([[2, 3, 4]]))
+    np.testing.assert_allclose(np.array(a[1]), np.array(b[1]), rtol=1e-6)
+    with pytest.raises(MlxspecError, match="MLP width must be >= 1, got 0"):
+        new_head(target, ids, intermediate_size=0)
 
 
 def test_a_head_for_another_target_is_refused_naming_both(target, tmp_path):
