@@ -11,7 +11,6 @@ import argparse
 import time
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
-import numpy as np
 from torch.profiler import ProfilerActivity, profile
 
 from mlxspec.targets.loading import load
@@ -19,7 +18,6 @@ from mlxspec.torchpath import backend_spec
 from mlxspec.torchpath.eagle_train import TorchStepper
 from mlxspec.training import eagle_train as et
 from mlxspec.training.eagle import new_head
-from mlxspec.training.train import batch_order
 
 
 def main() -> None:
@@ -35,14 +33,7 @@ def main() -> None:
     cfg = et.EagleTrainConfig(loss="eal", k=3, temp=1.0, steps=4000, batch=8, context=160, lr=3e-4,
                               feature_weight=0.5)
     stepper = TorchStepper(head, cfg, teacher.model)
-    order = batch_order(len(data.lengths), cfg.steps, cfg.batch, cfg.seed)
-    col_of = np.full(int(max(data.argmax.max(), int(head.vocab_ids.max()))) + 1, -1, np.int32)
-    col_of[np.array(head.vocab_ids)] = np.arange(head.vocab_ids.shape[0], dtype=np.int32)
-
-    def batch(step: int) -> dict:
-        b = et.make_batch(data, order[step], cfg.context, np.random.default_rng([cfg.seed, step]), col_of)
-        b["teacher_rows"] = rows
-        return b
+    batch = et.step_batches(data, head, rows, cfg)
 
     seconds, positions = 0.0, 0.0
     for step in range(args.steps):

@@ -247,6 +247,22 @@ def _resume(out: Path, head: EagleHead, cfg: EagleTrainConfig, backend: str) -> 
     return state["step"], [EagleStepLog(**h) for h in state["history"]]
 
 
+def step_batches(data: FeatureSet, head: EagleHead, teacher_rows: mx.array,
+                 cfg: EagleTrainConfig) -> Callable[[int], dict[str, mx.array]]:
+    """The training batch of each step, a function of the step alone (so a resumed run sees
+    the batches the whole run would have)."""
+    order = batch_order(len(data.lengths), cfg.steps, cfg.batch, cfg.seed)
+    col_of = np.full(int(max(data.argmax.max(), int(head.vocab_ids.max()))) + 1, -1, np.int32)
+    col_of[np.array(head.vocab_ids)] = np.arange(head.vocab_ids.shape[0], dtype=np.int32)
+
+    def batch(step: int) -> dict[str, mx.array]:
+        b = make_batch(data, order[step], cfg.context, np.random.default_rng([cfg.seed, step]), col_of)
+        b["teacher_rows"] = teacher_rows
+        return b
+
+    return batch
+
+
 def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: EagleTrainConfig, out: Path,
                resume: bool = False, on_step: Callable[[EagleStepLog], None] | None = None,
                stepper: Any = None) -> list[EagleStepLog]:
@@ -260,14 +276,10 @@ def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: E
     start, history = _resume(out, head, cfg, stepper.name) if resume else (0, [])
     if resume:
         stepper.load_optimizer(out / CHECKPOINT)
-    order = batch_order(len(data.lengths), cfg.steps, cfg.batch, cfg.seed)
-    col_of = np.full(int(max(data.argmax.max(), int(head.vocab_ids.max()))) + 1, -1, np.int32)
-    col_of[np.array(head.vocab_ids)] = np.arange(head.vocab_ids.shape[0], dtype=np.int32)
+    batch_of = step_batches(data, head, teacher_rows, cfg)
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        rng = np.random.default_rng([cfg.seed, step])  # windows depend on the step only: exact resume
-        batch = make_batch(data, order[step], cfg.context, rng, col_of)
-        batch["teacher_rows"] = teacher_rows
+        batch = batch_of(step)
         lam = L.kl_weight(step, cfg.steps, anneal_frac=cfg.kl_anneal) if cfg.loss != "kl" else 1.0
         loss, kl, feat, first, chain = stepper.step(batch, lam)
         if not math.isfinite(loss):
