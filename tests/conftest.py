@@ -1,12 +1,57 @@
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
+from mlxspec.targets import store
+from mlxspec.training import corpus
+
+_session_home: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the test session a store of its own, so no result depends on what earlier runs left
+    behind (cost curves, eagle-data shards, study logs) and nothing is written outside a temporary
+    folder. The pulled models are linked in, file by file: a test that deletes one removes a link."""
+    global _session_home
+    pulled = store.home() / "models"
+    _session_home = Path(tempfile.mkdtemp(prefix="mlxspec-test-home-"))
+    if pulled.is_dir():
+        for src in pulled.rglob("*"):
+            dst = _session_home / "models" / src.relative_to(pulled)
+            if src.is_dir():
+                dst.mkdir(parents=True, exist_ok=True)
+            else:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.symlink_to(src.resolve())
+    os.environ["MLXSPEC_HOME"] = str(_session_home)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _session_home is not None:
+        shutil.rmtree(_session_home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_optional_debian_text(tmp_path_factory):
+    """A new machine has none of `make draft-data-deps`' packages, so every test sees the corpus
+    it would build there; tests of those sources build small fake trees (tests/test_corpus.py)."""
+    nowhere = tmp_path_factory.mktemp("not-installed")
+    hidden = corpus.PackagePaths(python_doc=nowhere / "doc", wordnet=nowhere / "wordnet",
+                                 fortunes=nowhere / "fortunes", man_de=nowhere / "man" / "de",
+                                 man_en=nowhere / "man", dpkg_info=None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(corpus, "system_paths", lambda: hidden)
+        yield
 
 
 @pytest.fixture(scope="session")
 def lm():
     """The real default model (SmolLM2-135M-Instruct), loaded once per test session."""
-    from mlxspec.targets import loading, store
+    from mlxspec.targets import loading
 
     if not store.entry(store.default_target()).present:
         pytest.fail("default model missing: run `make setup` (or `mlxspec models pull`) first")

@@ -287,3 +287,31 @@ def test_missing_packages_are_skipped_and_reported(fake, tmp_path):
     with pytest.warns(UserWarning, match="humaneval"):
         _, stats = build_corpus(data, 20, paths=paths)
     assert missing_sources(stats) == ["humaneval"]
+
+
+DEBIAN_SOURCES = {"python3.11-doc": ("python_doc",), "wordnet-base": ("wordnet",), "fortunes": ("fortunes",),
+                  "manpages-de": ("man_de", "man_en")}
+
+
+@pytest.mark.parametrize("present", sorted(DEBIAN_SOURCES))
+def test_each_debian_source_alone(fake, tmp_path, present):
+    data, paths = fake
+    nowhere = tmp_path / "not-installed"
+    alone = PackagePaths(**{f: getattr(paths, f) if f in DEBIAN_SOURCES[present] else nowhere / f
+                            for fields in DEBIAN_SOURCES.values() for f in fields}, dpkg_info=None)
+    with pytest.warns(UserWarning, match="skipped"):
+        examples, stats = build_corpus(data, 20, paths=alone)
+    assert sorted(missing_sources(stats)) == sorted(set(DEBIAN_SOURCES) - {present})
+    assert {e.source for e in examples} == {"gsm8k", "humaneval", "folio", present}
+
+
+def test_the_default_corpus_in_tests_is_a_new_machines(fake):
+    """conftest hides the optional packages, so no test depends on what this machine installed."""
+    from mlxspec.training import corpus
+
+    data, _ = fake
+    with pytest.warns(UserWarning, match="skipped"):
+        examples, stats = build_corpus(data, 20)
+    assert sorted(missing_sources(stats)) == sorted(DEBIAN_SOURCES)
+    assert {e.source for e in examples} == {"gsm8k", "humaneval", "folio"}
+    assert not corpus.system_paths().python_doc.exists()

@@ -63,6 +63,11 @@ class PackagePaths:
     dpkg_info: Path | None = Path("/var/lib/dpkg/info")  # owner of each English page; None: don't ask
 
 
+def system_paths() -> PackagePaths:
+    """Where this machine's packages put their text (the test session points it at nothing)."""
+    return PackagePaths()
+
+
 class SourceMissing(Exception):
     pass
 
@@ -1048,7 +1053,7 @@ def build_corpus(data_dir: Path, limit_per_category: int, seed: int = 0,
     ``benchmark_turns`` and ``source/manpages-de/en-pages-from/<package>`` (the Debian package
     of each English original used for translation pairs)."""
     data_dir = Path(data_dir)
-    paths = paths or PackagePaths()
+    paths = paths or system_paths()
     guard = BenchmarkGuard(data_dir)
     stats: dict[str, int] = {"benchmark_turns": len(guard)}
     want = max(4 * limit_per_category, 64)  # candidates a lazy source needs to produce
