@@ -348,6 +348,7 @@ class ModelInfo:
     name: str
     tokenizer: Any
     context_length: int
+    vocab_size: int  # token ids a request may send: 0 .. vocab_size - 1
     drafter: str | None
     k: int | str
 
@@ -396,7 +397,8 @@ class Decoder:
             self._ready.set()
             return
         k = f"tree {options.tree}" if options.tree is not None else "auto" if options.k is None else options.k
-        self.info = ModelInfo(lm.name, lm.tokenizer, lm.context_length, drafter.name if drafter else None, k)
+        self.info = ModelInfo(lm.name, lm.tokenizer, lm.context_length, lm.config.vocab_size,
+                              drafter.name if drafter else None, k)
         self._ready.set()
         from mlxspec.core.cache import PromptCache
 
@@ -547,6 +549,11 @@ class Server(ThreadingHTTPServer):
 
         if req.kind == TEXT and isinstance(req.prompt, list):
             ids = list(req.prompt)
+            # An id past the embedding table reads outside it: garbage, or a crash of the process.
+            bad = next((t for t in ids if not 0 <= t < self.info.vocab_size), None)
+            if bad is not None:
+                raise ApiError(400, f"token id {bad} is outside the vocabulary (0..{self.info.vocab_size - 1})",
+                               "invalid_prompt")
         else:
             try:
                 with self.tokenizer_lock:

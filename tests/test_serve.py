@@ -276,6 +276,12 @@ def test_bad_requests_get_errors_and_the_server_keeps_answering(ngram_server):
     assert status == 413 and body["error"]["code"] == "request_too_large"
     status, body = raw_post(url, "/nowhere", b"{}")
     assert status == 404 and body["error"]["code"] == "not_found"
+    vocab = ngram_server.info.vocab_size
+    for bad in (999999, -1, vocab, 2**63):  # 999999 once ended the process with SIGSEGV
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="default", prompt=[1, bad], max_tokens=4)
+        assert e.value.code == "invalid_prompt" and f"token id {bad} is outside the vocabulary" in e.value.message
+    assert c.completions.create(model="default", prompt=[vocab - 1], max_tokens=1, temperature=0).usage.prompt_tokens == 1
     reply = c.chat.completions.create(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Hi"}],
                                       max_tokens=3, temperature=0)
     assert reply.usage.completion_tokens <= 3 and reply.choices[0].message.content
