@@ -34,7 +34,7 @@ from mlx import nn
 from mlxspec.core.model import COMPILE_MAX_TOKENS, rope_tables, rotate
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.measure.runs import encode_prompts, engine_run, spec_bench_prompts
-from mlxspec.measure.costcurve import time_verify
+from mlxspec.targets.costcurve import time_verify
 from mlxspec.measure.sweep import verify_slope
 from mlxspec.measure.verdict import median_ratio
 from mlxspec.targets import loading

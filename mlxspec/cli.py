@@ -5,9 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -155,12 +154,9 @@ def generate(
 ) -> None:
     """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
     (or --draft; --draft none for target-only decoding)."""
-    from mlxspec.core.engine import generate as run
     from mlxspec.core.sampling import SamplingParams
-    from mlxspec.measure.costcurve import k_policy, tree_costs
-    from mlxspec.targets import loading
-    from mlxspec.targets.drafts import make_drafter
-    from mlxspec.targets.tokenizer import encode_prompt
+    from mlxspec.session import Session, SessionOptions
+    from mlxspec.torchpath import backend_spec
 
     text = read_prompt(prompt, prompt_file, prompt_opt)
     if system_prompt is not None and raw:
@@ -170,18 +166,10 @@ def generate(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     shape = _tree_option(tree, tree_nodes, k, draft)
     k = _k_option(k, draft)
-    from mlxspec.torchpath import backend_spec
-
-    lm = loading.load(model, dtype, backend_spec(backend, device))
-    drafter = make_drafter(_named_draft(draft, model), lm, dtype)
-    if shape is not None and drafter is None:
-        raise MlxspecError(f"--tree needs a drafter, and the default for {lm.name} is none; pick one, e.g. --draft self:8")
-    ids = encode_prompt(lm.tokenizer, with_system(text, system_prompt), raw=raw)
-    policy = k_policy(k, lm, drafter, remeasure_cost) if shape is None else shape.depth
-    shape = tree_costs(shape, lm, remeasure_cost)
-    reply = _ReplyWriter(lm, drafter, "auto" if k is None else k, as_json, shape)
-    eos = set(lm.tokenizer.eos_token_ids)
-    for ev in run(lm.model, ids, params, max_tokens, eos, lm.context_length, seed, drafter, policy, tree=shape):
+    session = Session.open(SessionOptions(model, dtype, backend_spec(backend, device), _named_draft(draft, model), k,
+                                          shape, remeasure_cost))
+    reply = _ReplyWriter(session, "auto" if k is None else k, as_json)
+    for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw):
         reply.add(ev)
 
 
@@ -190,14 +178,12 @@ class _ReplyWriter:
     or with ``--json`` one object per token, per step and a summary, all on stdout. The summary
     is the ``Run`` the events make (``RunCollector``), as every command collects a run."""
 
-    def __init__(self, lm, drafter, k: int, as_json: bool, tree=None):
+    def __init__(self, session, k: int | str, as_json: bool):
         from mlxspec.measure.runs import RunCollector
+        from mlxspec.session import StepText
 
-        self.lm, self.drafter, self.k, self.as_json = lm, drafter, k, as_json
-        self.tree = tree  # a TreeShape when drafting trees
-        self.tok = lm.tokenizer
-        self.detok = self.tok.detokenizer
-        self.detok.reset()
+        self.lm, self.drafter, self.tree, self.k, self.as_json = session.lm, session.drafter, session.tree, k, as_json
+        self.text = StepText(self.lm.tokenizer)
         self.out = sys.stdout
         self.collector = RunCollector()
 
@@ -210,22 +196,10 @@ class _ReplyWriter:
         elif isinstance(ev, Done):
             self.done(self.collector.run())
 
-    def pieces(self, step) -> Iterator[tuple[Any, str]]:
-        """Each token of a step with its text; a rejected draft token is not part of the reply,
-        so it is decoded on its own, outside the streaming detokenizer."""
-        from mlxspec.core.events import Status
-
-        for t in step.tokens:
-            if t.status is Status.REJECTED:
-                yield t, self.tok.decode([t.id])
-            else:
-                self.detok.add_token(t.id)
-                yield t, self.detok.last_segment
-
     def step(self, ev) -> None:
         from mlxspec.core.events import Status
 
-        for t, piece in self.pieces(ev):
+        for t, piece in self.text.pieces(ev):
             if self.as_json:
                 self.write({"token": t.id, "text": piece, "status": t.status.value})
             elif t.status is not Status.REJECTED:
@@ -246,8 +220,7 @@ class _ReplyWriter:
                 "prefill_tps": run.prefill_tps, "decode_tps": run.decode_tps or 0.0}
 
     def done(self, run) -> None:
-        self.detok.finalize()
-        tail = self.detok.last_segment
+        tail = self.text.finish()
         if self.as_json:
             if tail:
                 self.write({"token": None, "text": tail, "status": "flush"})

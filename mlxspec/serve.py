@@ -30,6 +30,8 @@ from mlxspec.core.ops import ops_for
 from mlxspec.core.events import Done, Event, Status, Step
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
+from mlxspec.session import Session, SessionOptions, StepText
+from mlxspec.targets.costcurve import stderr_line
 
 MAX_BODY_BYTES = 8 << 20  # far above any prompt that fits the context; refuses runaway uploads
 MAX_STOPS = 4  # as OpenAI's API
@@ -57,6 +59,10 @@ class ServeOptions:
     port: int = 8080
     tree: Any = None  # a ``TreeShape`` (--tree): every request drafts trees of it
     backend: str = "mlx"  # or "torch[:DEVICE]" (--backend, --device)
+
+    @property
+    def session(self) -> SessionOptions:
+        return SessionOptions(self.model, self.dtype, self.backend, self.draft, self.k, self.tree, self.remeasure_cost)
 
 
 @dataclass(frozen=True)
@@ -281,9 +287,7 @@ class Reply:
     own, outside the reply), stop strings, and the tally."""
 
     def __init__(self, tokenizer: Any, stops: tuple[str, ...], prompt_tokens: int):
-        self.tokenizer = tokenizer
-        self.detok = tokenizer.detokenizer  # a fresh copy per access
-        self.detok.reset()
+        self.text = StepText(tokenizer)
         self.scanner = StopScanner(stops)
         self.tally = Tally(prompt_tokens)
 
@@ -293,21 +297,14 @@ class Reply:
 
     def step(self, ev: Step) -> Delta:
         self.tally.add(ev)
-        text, tokens = "", []
-        for t in ev.tokens:
-            if t.status is Status.REJECTED:
-                piece = self.tokenizer.decode([t.id])
-            else:
-                self.detok.add_token(t.id)
-                piece = self.detok.last_segment
-                text += piece
-            tokens.append({"id": t.id, "text": piece, "status": t.status.value})
+        pieces = list(self.text.pieces(ev))
+        text = "".join(piece for t, piece in pieces if t.status is not Status.REJECTED)
+        tokens = [{"id": t.id, "text": piece, "status": t.status.value} for t, piece in pieces]
         return Delta(self.scanner.feed(text), tokens)
 
     def finish(self) -> Delta:
         """The text the detokeniser and the stop scanner still hold."""
-        self.detok.finalize()
-        return Delta(self.scanner.feed(self.detok.last_segment) + self.scanner.flush())
+        return Delta(self.scanner.feed(self.text.finish()) + self.scanner.flush())
 
     @property
     def finish_reason(self) -> str:
@@ -391,32 +388,28 @@ class Decoder:
 
     def _run(self, options: ServeOptions, loaded: Any, log: Log | None) -> None:
         try:
-            lm, drafter, policy, tree = _load(options, loaded, log)
+            session = Session.open(options.session, loaded, log=log if log is not None else stderr_line)
         except BaseException as e:  # reported by the constructor on the caller's thread
             self._failure = e
             self._ready.set()
             return
+        lm, drafter = session.lm, session.drafter
         k = f"tree {options.tree}" if options.tree is not None else "auto" if options.k is None else options.k
         self.info = ModelInfo(lm.name, lm.tokenizer, lm.context_length, lm.config.vocab_size,
                               drafter.name if drafter else None, k)
         self._ready.set()
-        from mlxspec.core.cache import PromptCache
-
-        kept = PromptCache()  # a request that continues the last conversation prefills only what is new
         while (job := self.jobs.get()) is not None:
             self._current = job
-            self._decode(job, lm, drafter, policy, kept, tree)
+            self._decode(job, session)
             self._current = None
         ops_for(lm.model).synchronize()
 
-    def _decode(self, job: Job, lm: Any, drafter: Any, policy: Any, kept: Any, tree: Any = None) -> None:
-        from mlxspec.core.engine import generate
-
+    def _decode(self, job: Job, session: Session) -> None:
         if job.cancel.is_set() or self._closing.is_set():  # its client left while it queued, or we stop
             job.items.put(_END)
             return
-        events = generate(lm.model, job.ids, job.params, job.max_tokens, set(lm.tokenizer.eos_token_ids),
-                          lm.context_length, job.seed, drafter=drafter, k=policy, kept=kept, tree=tree)
+        # A request that continues the last conversation prefills only what is new (keep=True).
+        events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True)
         try:
             for ev in events:
                 job.items.put(ev)
@@ -427,28 +420,8 @@ class Decoder:
             job.items.put(e)
         finally:
             events.close()
-            ops_for(lm.model).synchronize()  # target-only decoding leaves one step in flight when stopped early
+            ops_for(session.lm.model).synchronize()  # target-only decoding leaves one step in flight when stopped early
             job.items.put(_END)
-
-
-def _load(options: ServeOptions, loaded: Any, log: Log | None) -> tuple[Any, Any, Any, Any]:
-    """The target (unless given), the drafter, the K policy and the tree shape, as ``generate``
-    makes them."""
-    from mlxspec.core.drafters import can_branch
-    from mlxspec.measure.costcurve import k_policy, tree_costs
-    from mlxspec.targets import loading
-    from mlxspec.targets.drafts import make_drafter
-
-    lm = loaded if loaded is not None else loading.load(options.model, options.dtype, options.backend)
-    drafter = make_drafter(options.draft, lm, options.dtype)
-    say = {"log": log} if log is not None else {}
-    if options.tree is not None:
-        if drafter is None or not can_branch(drafter):
-            raise MlxspecError(f"--tree needs a drafter that can branch (a draft model, self:L, an eagle head or "
-                               f"ngram:N), not {options.draft!r}")
-        return lm, drafter, options.tree.depth, tree_costs(options.tree, lm, options.remeasure_cost, **say)
-    policy = k_policy(options.k, lm, drafter, options.remeasure_cost, **say)
-    return lm, drafter, policy, None
 
 
 # --- responses ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.autok import AutoK, parse_k_option
 from mlxspec.errors import MlxspecError
+from mlxspec.core.tree import parse_tree
 
 # ms of one target pass over 1..9 tokens
 FLAT = [60.0] * 9  # perfectly batch-parallel
@@ -213,24 +214,48 @@ def tiny():
 
 
 def test_k_policy_factory(tiny, tmp_path, monkeypatch):
+    from mlxspec.core.autok import k_policy
     from mlxspec.core.drafters import NgramDrafter
-    from mlxspec.measure.costcurve import curve_path, k_policy
+    from mlxspec.targets.costcurve import cost_curve, curve_path
 
     monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
-    with pytest.raises(MlxspecError, match="--k auto needs a drafter"):
-        k_policy("auto", tiny, None)
-    with pytest.raises(MlxspecError, match=r"--k must be in 1\.\.64"):
-        k_policy("0", tiny, NgramDrafter(3))
-    assert k_policy("3", tiny, NgramDrafter(3)) == 3
-    assert k_policy(None, tiny, None) == 4  # --k not given, no drafter: K unused
     lines = []
-    p = k_policy(None, tiny, NgramDrafter(3), max_k=4, log=lines.append)  # not given: auto
+
+    def curve(n):
+        return cost_curve(tiny, n, log=lines.append)
+
+    with pytest.raises(MlxspecError, match="--k auto needs a drafter"):
+        k_policy("auto", None, curve)
+    with pytest.raises(MlxspecError, match=r"--k must be in 1\.\.64"):
+        k_policy("0", NgramDrafter(3), curve)
+    assert k_policy("3", NgramDrafter(3), curve) == 3
+    assert k_policy(None, None, curve) == 4  # --k not given, no drafter: K unused
+    assert lines == []  # nothing measured for a fixed K
+    p = k_policy(None, NgramDrafter(3), curve, max_k=4)  # not given: auto
     assert isinstance(p, AutoK) and p.max_k == 4 and len(p.cost) == 5
     assert lines and "measuring the verify cost of tiny" in lines[0]
     assert curve_path("tiny", "float32").is_file()
     lines.clear()
-    k_policy("auto", tiny, NgramDrafter(3), max_k=4, log=lines.append)
+    k_policy("auto", NgramDrafter(3), curve, max_k=4)
     assert lines == []  # cached
+
+
+def test_a_session_builds_one_policy_per_drafter_and_measures_once(tiny, tmp_path, monkeypatch):
+    from mlxspec.session import Session
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    lines = []
+    session = Session(tiny, "ngram:3", "auto", log=lines.append)
+    auto = session.policy
+    assert isinstance(auto, AutoK) and lines
+    lines.clear()
+    assert session.use("ngram:3", 2).policy == 2 and session.use("none").policy == 4
+    assert session.use("ngram:3").policy is auto and lines == []  # kept across turns, curve cached
+    assert session.use("ngram:2").policy is not auto
+    with pytest.raises(MlxspecError, match="--tree needs a drafter, and the default for tiny is none"):
+        session.use("none", tree=parse_tree("2x2"))
+    session.use("ngram:3", tree=parse_tree("auto", 4))
+    assert session.policy == session.tree.depth and len(session.tree.costs) == 5 and lines == []
 
 
 def test_cli_refuses_k_auto_with_no_drafter():
@@ -271,7 +296,7 @@ def test_greedy_with_auto_k_is_target_only(tiny):
 
 @pytest.mark.model
 def test_cost_curve_measures_and_caches_on_the_default_model(lm, tmp_path, monkeypatch):
-    from mlxspec.measure.costcurve import CostCurve, cost_curve, curve_path
+    from mlxspec.targets.costcurve import CostCurve, cost_curve, curve_path
 
     monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
     lines = []

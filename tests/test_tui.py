@@ -590,8 +590,8 @@ def test_model_source_passes_the_tree_to_the_engine(monkeypatch):
     policy); a chain turn gets none."""
     from types import SimpleNamespace
 
-    from mlxspec.core import engine
-    from mlxspec.targets import tokenizer
+    from mlxspec import session as session_module
+    from mlxspec.session import Session
 
     calls = []
 
@@ -599,13 +599,14 @@ def test_model_source_passes_the_tree_to_the_engine(monkeypatch):
         calls.append((args[7], args[8], tree))
         yield from ()
 
-    monkeypatch.setattr(engine, "generate", fake_generate)
-    monkeypatch.setattr(tokenizer, "encode_prompt", lambda tok, messages: [1, 2, 3])
-    monkeypatch.setattr(tokenizer, "stop_token_ids", lambda tok: {0})
+    monkeypatch.setattr(session_module, "generate", fake_generate)
+    monkeypatch.setattr(session_module, "encode_prompt", lambda tok, messages, raw=False: [1, 2, 3])
+    monkeypatch.setattr(session_module, "stop_token_ids", lambda tok: {0})
     monkeypatch.setattr("mlxspec.tui.chat.source._settle", lambda: None)
-    src = ModelSource(loaded=SimpleNamespace(tokenizer=None, model=None, context_length=64))
-    drafter = object()
-    src._drafters = {"ngram:3": drafter, "none": None}
+    lm = SimpleNamespace(name="fake", tokenizer=None, model=None, context_length=64)
+    src = ModelSource(loaded=lm)
+    src.session = Session(lm, log=None)
+    drafter = src.session.drafter_for("ngram:3")
     settings = tree_settings()
     list(src.events([{"role": "user", "content": "hi"}], settings))
     list(src.events([], replace(settings, tree=None, k=5)))

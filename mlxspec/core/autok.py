@@ -31,10 +31,11 @@ verify ms / c(drafted). Pure Python: no MLX.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlxspec.core.drafters.base import MAX_K, parse_k
+from mlxspec.core.drafters.ngram import NgramDrafter
 from mlxspec.errors import MlxspecError
 
 DEFAULT_MAX_K = 8
@@ -213,3 +214,23 @@ class AutoK:
 
     def _c(self, k: int) -> float:
         return self.cost[k] if k < len(self.cost) else extend_curve(self.cost, k + 1)[k]
+
+
+def k_policy(spec: Any, drafter: Any, cost_curve: Callable[[int], Any], max_k: int | None = None) -> int | AutoK:
+    """A ``--k`` value as the engine takes it: an int for a fixed K, or an ``AutoK`` for ``auto``
+    (drafting up to ``max_k``, default 8, against ``cost_curve(n)``, this machine's cost of target
+    passes over 1..n tokens). ``spec`` None (``--k`` not given): auto with a drafter; without one
+    K is unused (4)."""
+    if spec is None and drafter is None:
+        return 4
+    k = parse_k_option("auto" if spec is None else spec)
+    if k != "auto":
+        return k
+    if drafter is None:
+        raise MlxspecError("--k auto needs a drafter: with --draft none nothing is drafted "
+                           "(drop --k, or pick a drafter such as --draft default or ngram:3)")
+    max_k = max_k or DEFAULT_MAX_K
+    # Prompt lookup costs next to nothing; a model drafter starts from a tenth of a target pass
+    # until the engine reports its real timings.
+    ratio = 0.01 if isinstance(drafter, NgramDrafter) else 0.1
+    return AutoK(cost_curve(max_k + 1), max_k=max_k, draft_prior_ratio=ratio)

@@ -44,6 +44,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxspec.errors import MlxspecError
+from mlxspec.session import Session
 from mlxspec.measure.runs import (
     QUESTIONS_FILE,
     SCHEMA,
@@ -67,7 +68,6 @@ from mlxspec.measure.runs import (
     spec_bench_prompts,
     timed_tokens,
 )
-from mlxspec.measure.costcurve import k_policy
 from mlxspec.measure.verdict import (
     Comparison,
     Kind,
@@ -297,11 +297,9 @@ class BaselineResult:
 
 
 def _mlxspec_tokens(lm, ids: list[int], max_tokens: int) -> Iterator[int]:
-    from mlxspec.core.engine import generate_plain
     from mlxspec.core.events import Step
-    from mlxspec.core.sampling import SamplingParams
 
-    for ev in generate_plain(lm.model, ids, SamplingParams(), max_tokens, set(), lm.context_length):
+    for ev in Session(lm, log=None).stream(ids, max_tokens=max_tokens, stop_ids=set()):
         if isinstance(ev, Step):
             yield from ev.emitted
 
@@ -1175,13 +1173,13 @@ def spec_bench(
     say = (lambda s: progress(0, None, s)) if progress else None
     if tree is not None:  # every speculative step drafts this shape; K is its depth
         from mlxspec.core.drafters import can_branch
-        from mlxspec.measure.costcurve import tree_costs
 
         if not can_branch(drafter):
             raise MlxspecError(f"drafter {draft!r} cannot branch: --tree needs a draft model, self:L, an eagle head "
                                "or ngram:N")
-        tree, k = tree_costs(tree, lm, remeasure_cost, log=say), tree.depth
-    policy = k_policy(k, lm, drafter, remeasure_cost, log=say)
+    session = Session(lm, drafter, k, tree, remeasure_cost=remeasure_cost, log=say)
+    tree, policy = session.tree, session.policy
+    k = tree.depth if tree is not None else k
     width = policy if isinstance(policy, int) else policy.max_k  # draft positions reported
     # mlx-lm has no auto K and no trees: its peer drafts a chain of --mlx-lm-k, --k or the tree's depth
     peer_k = peer_k or (k if isinstance(k, int) else MLX_LM_K_WITH_AUTO)

@@ -42,12 +42,12 @@ import mlx.core as mx
 
 from mlxspec.core.model import COMPILE_MAX_TOKENS
 from mlxspec.errors import MlxspecError
-from mlxspec.measure.costcurve import time_verify
+from mlxspec.targets.costcurve import time_verify
 from mlxspec.measure.runs import (
     SCHEMA,
     RunHeader,
-    collect_run,
     encode_prompts,
+    engine_run,
     progress_ticker,
     run_header,
     spec_bench_prompts,
@@ -262,11 +262,8 @@ def _profile_steps(lm: Any, drafter: Any, prompt: list[int], params: Any, k: int
 def _engine_step_ms(lm: Any, drafter: Any, prompt: list[int], params: Any, k: int, steps: int,
                     seed: int) -> float | None:
     """Median draft + verify ms per step of the real engine, first step (prefill) excluded."""
-    from mlxspec.core.engine import generate
-
     budget = min(steps * (k + 1), lm.context_length - len(prompt) - 1)
-    run = collect_run(generate(lm.model, prompt, params, budget, set(), lm.context_length, seed,
-                               drafter, k))
+    run = engine_run(lm, prompt, params, budget, set(), seed, drafter, k)
     per_step = [d + v for d, v in zip(run.draft_ms[1:], run.verify_ms[1:])]
     return statistics.median(per_step) if per_step else None
 

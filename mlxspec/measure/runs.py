@@ -31,6 +31,7 @@ from typing import Any
 
 from mlxspec.core.events import Done, Event, Step
 from mlxspec.errors import MlxspecError
+from mlxspec.session import Session
 
 SCHEMA = 2
 
@@ -160,10 +161,7 @@ def collect_run(events: Iterable[Event]) -> Run:
 def engine_run(lm: Any, ids: list[int], params: Any, max_tokens: int, stop: set[int], seed: int = 0,
                drafter: Any = None, k: Any = 4, tree: Any = None) -> Run:
     """One generation of ``lm`` with the engine (target-only without a drafter), collected."""
-    from mlxspec.core.engine import generate
-
-    return collect_run(generate(lm.model, ids, params, max_tokens, stop, lm.context_length, seed=seed,
-                                drafter=drafter, k=k, tree=tree))
+    return collect_run(Session(lm, drafter, k, tree, log=None).stream(ids, params, max_tokens, seed, stop_ids=stop))
 
 
 def timed_tokens(tokens: Iterable[int], prompt_tokens: int) -> Run:

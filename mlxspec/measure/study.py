@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from mlxspec.errors import MlxspecError
+from mlxspec.session import Session
 from mlxspec.measure.runs import SCHEMA, RunHeader, data_dir, fmt, jsonl_rows
 
 DOMAINS: tuple[str, ...] = ("code", "maths", "logic", "chat")
@@ -917,11 +918,9 @@ def run_study(
     stronger}, claims[{claim, paper, ours, verdict}], paper.
     """
     from mlxspec.core.drafters import can_branch
-    from mlxspec.core.engine import generate
     from mlxspec.measure.runs import encode_prompts, run_header
     from mlxspec.targets import loading
     from mlxspec.targets.drafts import make_drafter
-    from mlxspec.targets.tokenizer import stop_token_ids
 
     shape, params = check_study_args(per_domain, max_tokens, tree, tree_nodes, temp, top_p, draft)
     study_prompts(per_domain)  # the data folder, before the model loads
@@ -940,7 +939,8 @@ def run_study(
     if drafter is None or not can_branch(drafter):
         raise MlxspecError(f"drafter {draft!r} cannot branch: the study drafts trees, which need a draft model, "
                            "self:L, an eagle head or ngram:N")
-    stop = stop_token_ids(lm.tokenizer)
+    session = Session(lm, drafter, tree=shape, log=None)
+    stop = session.stop_ids
     ids = encode_prompts(lm, items, max_tokens + shape.nodes)
     settings = StudySettings(lm.name, draft, str(shape), shape.nodes, float(temp), float(top_p), max_tokens, seed,
                              lm.dtype, per_domain, held_out)
@@ -951,8 +951,7 @@ def run_study(
 
     def run_one(it: dict[str, Any]) -> tuple[list[dict], dict]:
         p = by_key[(it["domain"], it["id"])]
-        events = generate(lm.model, p, params, max_tokens, stop, lm.context_length, seed, drafter, tree=shape,
-                          node_stats=True)
+        events = session.stream(p, params, max_tokens, seed, stop_ids=stop, node_stats=True)
         return prompt_records(events, it["domain"], it["id"], len(p))
 
     ran = run_prompts(items, log, run_one, progress)

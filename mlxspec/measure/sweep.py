@@ -30,7 +30,7 @@ causes in plain words (thresholds below): a draft too slow to pay, a backend tha
 serially, too low acceptance, or per-step overhead the cost model does not see.
 
 Auto (on unless ``auto=False``): one more method, ``--k auto``, timed on the same prompts,
-repeats and rotation as the fixed Ks, each run with a fresh ``AutoK`` (``costcurve.k_policy``:
+repeats and rotation as the fixed Ks, each run with a fresh ``AutoK`` (``Session``:
 this machine's cached verify-cost curve, K chosen per step in 0..8). Its row (``KRow.k`` None,
 ``label`` "auto") has the same measurements, ``mean_k`` the mean K it allowed per step; it has
 no cost-model prediction and takes no part in the cost model's optimum. It is compared paired
@@ -59,7 +59,8 @@ from typing import Any
 
 from mlxspec.core.drafters import MAX_K
 from mlxspec.errors import MlxspecError
-from mlxspec.measure.costcurve import k_policy, time_verify
+from mlxspec.session import Session
+from mlxspec.targets.costcurve import time_verify
 from mlxspec.measure.runs import (
     SCHEMA,
     WARMUP_TOKENS,
@@ -897,7 +898,6 @@ def run_sweep(
         no_drafter="a sweep needs a drafter (got 'none'): e.g. --draft ngram:3 or self:8")
 
     from mlxspec.core.drafters import can_branch
-    from mlxspec.measure.costcurve import tree_costs
 
     if trees and not can_branch(drafter):
         raise MlxspecError(f"drafter {draft!r} cannot branch: --tree needs a draft model, self:L, an eagle head or ngram:N")
@@ -906,13 +906,10 @@ def run_sweep(
     methods: list[int | str | None] = [0, *ks, *([None] if auto else []), *shapes]
     sizes = sorted({1} | {k + 1 for k in ks})
     total = warmup * len(methods) + verify_reps + repeats * len(items) * len(methods)
-    policy = None
-    if auto:
-        say = (lambda text: progress(0, total, text)) if progress is not None else None
-        policy = k_policy("auto", lm, drafter, remeasure=remeasure_cost, log=say)
-    if shapes:
-        say = (lambda text: progress(0, total, text)) if progress is not None else None
-        shapes = {m: tree_costs(t, lm, remeasure_cost, log=say) for m, t in shapes.items()}
+    say = (lambda text: progress(0, total, text)) if progress is not None else None
+    session = Session(lm, remeasure_cost=remeasure_cost, log=say)
+    policy = session.use(drafter, "auto").policy if auto else None
+    shapes = {m: session.priced(t) for m, t in shapes.items()}
     tick = progress_ticker(progress, total)
 
     def run(m: int | str | None, p: list[int], n: int = max_tokens) -> Run:

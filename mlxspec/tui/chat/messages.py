@@ -9,6 +9,7 @@ from textual.message import Message
 
 from mlxspec.core.events import Status, Step
 from mlxspec.measure.runs import Run
+from mlxspec.session import step_pieces
 
 from .source import ModelInfo, TextDecoder
 
@@ -66,10 +67,7 @@ def turn_result(run: Run, tail: str) -> TurnResult:
 def step_data(step: Step, decoder: TextDecoder, t: float) -> StepData:
     """Decode one engine step into text pieces, and a tree step's nodes each on its own (in the
     worker thread)."""
-    pieces = tuple(
-        Piece(decoder.alone(tok.id) if tok.status is Status.REJECTED else decoder.add(tok.id), tok.status)
-        for tok in step.tokens
-    )
+    pieces = tuple(Piece(text, tok.status) for tok, text in step_pieces(step, decoder))
     nodes = None if step.tree is None else tuple(decoder.alone(tok) for tok in step.tree.tokens)
     return StepData(pieces, step, t, nodes)
 

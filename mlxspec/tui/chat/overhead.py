@@ -22,12 +22,10 @@ import time
 from pathlib import Path
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
-from mlxspec.core.engine import generate
-from mlxspec.core.events import Done, Status, Step
+from mlxspec.core.events import Done, Step
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.measure.runs import RunCollector
-from mlxspec.targets.drafts import make_drafter
-from mlxspec.targets.tokenizer import encode_prompt
+from mlxspec.session import Session, StepText
 
 from .app import ChatApp
 from .source import ModelSource, Settings
@@ -37,22 +35,16 @@ PROMPT = "Write a short story about a robot who learns to paint. Mention the rob
 
 
 def headless_run(lm, settings: Settings) -> dict:
-    tok = lm.tokenizer
-    ids = encode_prompt(tok, [{"role": "user", "content": PROMPT}])
-    detok = tok.detokenizer
-    detok.reset()
-    drafter = make_drafter(settings.drafter, lm, lm.dtype)
+    text = StepText(lm.tokenizer)
+    session = Session(lm, settings.drafter, settings.k, dtype=lm.dtype)
     cpu = time.process_time()
     run = RunCollector()
-    for ev in generate(lm.model, ids, SamplingParams(settings.temp), settings.max_tokens, set(),
-                       lm.context_length, 0, drafter, settings.k):
+    for ev in session.stream([{"role": "user", "content": PROMPT}], SamplingParams(settings.temp), settings.max_tokens,
+                             stop_ids=set()):
         run.add(ev)
         if isinstance(ev, Step):
-            for t in ev.tokens:
-                if t.status is Status.REJECTED:
-                    tok.decode([t.id])
-                else:
-                    detok.add_token(t.id)
+            for _ in text.pieces(ev):
+                pass
         elif isinstance(ev, Done):
             cpu = time.process_time() - cpu
             r = run.run()
@@ -64,10 +56,8 @@ class _NoStop(ModelSource):
     """The same turn as ``headless_run``: EOS ignored, so both decode exactly max_tokens."""
 
     def events(self, messages, settings):
-        lm = self.lm
-        ids = encode_prompt(lm.tokenizer, messages)
-        return generate(lm.model, ids, SamplingParams(settings.temp), settings.max_tokens, set(),
-                        lm.context_length, 0, self.drafter(settings.drafter), settings.k)
+        return self.drafting(settings).stream(messages, SamplingParams(settings.temp), settings.max_tokens,
+                                              stop_ids=set())
 
 
 async def _app_run(pilot, app: ChatApp) -> dict:

@@ -13,12 +13,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
+from mlxspec import runtime
 from mlxspec.core.cache import PromptCache
 from mlxspec.core.drafters import MAX_K
 from mlxspec.core.events import Event
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.measure.runs import collect_run
+from mlxspec.session import Session, StepText
+from mlxspec.targets import loading
 
 if TYPE_CHECKING:
-    from mlxspec.core.drafters import Drafter
     from mlxspec.core.tree import TreeShape
     from mlxspec.targets.loading import LoadedModel
 
@@ -115,24 +119,6 @@ def _settle() -> None:
     mx.synchronize()
 
 
-class _StreamDecoder:
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.detok = tokenizer.detokenizer
-        self.detok.reset()
-
-    def add(self, token_id: int) -> str:
-        self.detok.add_token(token_id)
-        return self.detok.last_segment
-
-    def alone(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
-
-    def finish(self) -> str:
-        self.detok.finalize()
-        return self.detok.last_segment
-
-
 class ModelSource:
     """The real models: ``loading.load(target)`` and the engine, drafters made on demand."""
 
@@ -144,39 +130,33 @@ class ModelSource:
         self.baseline_tokens = baseline_tokens  # 0: do not measure
         self.auto_k = auto_k  # load() then readies the verify-cost curve (measured once, cached)
         self.remeasure_cost = remeasure_cost
-        self._drafters: dict[str, Drafter | None] = {}
-        self._policies: dict[str, object] = {}  # one AutoK per drafter, learning across turns
-        self._auto_trees: dict[TreeShape, TreeShape] = {}  # --tree auto, with this machine's verify costs
-        self.kept = PromptCache()  # the target's cache from the last turn: a new turn prefills only itself
+        self.session: Session | None = None  # once loaded
 
     def load(self) -> ModelInfo:
-        from mlxspec import runtime
-        from mlxspec.targets import loading
-
         if self.lm is None:
             self.lm = loading.load(self.target, self.dtype, self.backend)
-        if self.auto_k:
-            self.cost_curve()
+        self.session = Session(self.lm, dtype=self.dtype, remeasure_cost=self.remeasure_cost, log=None)
+        if self.auto_k:  # measured (or read from its cache) now, not during the first turn
+            self.session.cost_curve()
         on_mlx = getattr(self.lm, "backend", "mlx") == "mlx"
         return ModelInfo(self.lm.name, self.lm.dtype, self.lm.context_length,
                          runtime.backend_description() if on_mlx else runtime.torch_description(self.lm.backend),
                          runtime.device_name() if on_mlx else self.lm.backend.partition(":")[2],
                          self.measure_baseline())
 
+    @property
+    def kept(self) -> PromptCache:
+        """The target's cache from the last turn: a new turn prefills only itself."""
+        assert self.session is not None
+        return self.session.kept
+
     def measure_baseline(self) -> float | None:
         """Median ms per token of target-only decoding (a short greedy run, EOS ignored).
         Also warms the model up."""
-        from mlxspec.core.engine import generate_plain
-        from mlxspec.core.sampling import SamplingParams
-        from mlxspec.measure.runs import collect_run
-        from mlxspec.targets.tokenizer import encode_prompt
-
         if self.baseline_tokens < 2:
             return None
-        lm = self.lm
-        ids = encode_prompt(lm.tokenizer, "Hello! Who are you?")
-        run = collect_run(generate_plain(lm.model, ids, SamplingParams(), self.baseline_tokens, set(),
-                                         lm.context_length))
+        run = collect_run(Session(self.lm, log=None).stream("Hello! Who are you?", max_tokens=self.baseline_tokens,
+                                                            stop_ids=set()))
         _settle()
         return statistics.median(run.verify_ms[1:])
 
@@ -184,66 +164,22 @@ class ModelSource:
         _settle()
 
     def decoder(self) -> TextDecoder:
-        return _StreamDecoder(self.lm.tokenizer)
+        return StepText(self.lm.tokenizer)
 
-    def cost_curve(self):
-        """This machine's verify-cost curve for the target (``--k auto``), measured only once
-        (and with ``--remeasure-cost`` measured again, once)."""
-        from mlxspec.core.autok import DEFAULT_MAX_K
-        from mlxspec.measure.costcurve import cost_curve
-
-        curve = cost_curve(self.lm, DEFAULT_MAX_K + 1, self.remeasure_cost, log=None)
-        self.remeasure_cost = False
-        return curve
-
-    def k_policy(self, settings: Settings, drafter: Drafter | None):
-        """What the engine takes as K: the fixed K, or the drafter's ``AutoK`` (kept across
-        turns, so its acceptance estimate follows the conversation)."""
-        from mlxspec.core.autok import AutoK
-        from mlxspec.measure.costcurve import k_policy
-
-        if settings.k != AUTO or drafter is None:
-            return settings.k if settings.k != AUTO else 4
-        if settings.drafter not in self._policies:
-            self._policies[settings.drafter] = k_policy(AUTO, self.lm, drafter, self.remeasure_cost, log=None)
-            self.remeasure_cost = False
-        policy = self._policies[settings.drafter]
-        assert isinstance(policy, AutoK)
-        return policy
-
-    def tree(self, shape: TreeShape) -> TreeShape:
-        """A tree shape as the engine takes it: ``auto`` with this machine's verify costs
-        (``costcurve.tree_costs``, measured once), a static shape as it is."""
-        from mlxspec.measure.costcurve import tree_costs
-
-        if not shape.auto:
-            return shape
-        if shape not in self._auto_trees:
-            self._auto_trees[shape] = tree_costs(shape, self.lm, self.remeasure_cost, log=None)
-            self.remeasure_cost = False
-        return self._auto_trees[shape]
-
-    def drafter(self, spec: str) -> Drafter | None:
-        from mlxspec.targets.drafts import make_drafter
-
-        if spec not in self._drafters:
-            self._drafters[spec] = make_drafter(spec, self.lm, self.dtype)
-        return self._drafters[spec]
+    def drafting(self, settings: Settings) -> Session:
+        """The session set to draft as ``settings`` say: drafters and each one's ``AutoK`` made
+        once and kept across turns, so an acceptance estimate follows the conversation."""
+        assert self.session is not None
+        drafter = self.session.drafter_for(settings.drafter)
+        tree = settings.tree if drafter is not None else None  # a tree's depth is its K
+        k = None if settings.k == AUTO else settings.k
+        return self.session.use(settings.drafter, k, tree)
 
     def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
-        from mlxspec.core.engine import generate
-        from mlxspec.core.sampling import SamplingParams
-        from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
-
-        lm = self.lm
         params = SamplingParams(settings.temp, settings.top_p)
-        drafter = self.drafter(settings.drafter)
         system = [{"role": "system", "content": settings.system}] if settings.system else []
-        ids = encode_prompt(lm.tokenizer, system + messages)
-        tree = self.tree(settings.tree) if drafter is not None and settings.tree is not None else None
-        k = tree.depth if tree is not None else self.k_policy(settings, drafter)  # a tree's depth is its K
-        events = generate(lm.model, ids, params, settings.max_tokens, stop_token_ids(lm.tokenizer),
-                          lm.context_length, settings.seed, drafter, k, self.kept, tree=tree)
+        events = self.drafting(settings).stream(system + messages, params, settings.max_tokens, settings.seed,
+                                                keep=True)
         try:
             yield from events
         finally:

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def _device_of(lm: Any) -> str:
     return device_name() if backend == "mlx" else backend.replace(":", "-")
 
 
-def _stderr_line(text: str) -> None:
+def stderr_line(text: str) -> None:
     """A progress line on stderr, rewritten in place on a terminal."""
     end = "" if sys.stderr.isatty() else "\n"
     sys.stderr.write(("\r\033[K" if sys.stderr.isatty() else "") + text + end)
@@ -136,7 +136,7 @@ def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = REPS
 
 
 def measure_cost_curve(lm: Any, max_tokens: int, reps: int = REPS, context_tokens: int = CONTEXT_TOKENS,
-                       log: Callable[[str], None] | None = _stderr_line) -> CostCurve:
+                       log: Callable[[str], None] | None = stderr_line) -> CostCurve:
     """Time one target pass over 1..``max_tokens`` tokens of ``lm`` (a ``LoadedModel``) on a
     cache of ``context_tokens`` tokens (fewer if the context is short)."""
     if max_tokens < 1 or reps < 1:
@@ -154,7 +154,7 @@ def measure_cost_curve(lm: Any, max_tokens: int, reps: int = REPS, context_token
     curve = CostCurve(lm.name, lm.dtype, _device_of(lm), ctx, reps, [statistics.median(times[n]) for n in sizes],
                       [times[n] for n in sizes], time.strftime("%Y-%m-%dT%H:%M:%S"), seconds)
     say(f"{head}: {curve.ms[0]:.1f} ms for 1 token, {curve.ms[-1]:.1f} ms for {max_tokens} ({seconds:.0f} s)")
-    if log is _stderr_line and sys.stderr.isatty():
+    if log is stderr_line and sys.stderr.isatty():
         sys.stderr.write("\n")
     return curve
 
@@ -168,7 +168,7 @@ def load_cost_curve(path: Path) -> CostCurve | None:
 
 
 def cost_curve(lm: Any, max_tokens: int, remeasure: bool = False, reps: int = REPS,
-               context_tokens: int = CONTEXT_TOKENS, log: Callable[[str], None] | None = _stderr_line) -> CostCurve:
+               context_tokens: int = CONTEXT_TOKENS, log: Callable[[str], None] | None = stderr_line) -> CostCurve:
     """The cached curve of ``lm`` on this device if it covers ``max_tokens`` pass lengths, else
     (or with ``remeasure``) a new measurement, cached. A cache that cannot be written is only
     a note: the measurement is still used."""
@@ -186,38 +186,3 @@ def cost_curve(lm: Any, max_tokens: int, remeasure: bool = False, reps: int = RE
         if log is not None:
             log(f"note: could not cache the verify-cost curve at {path}: {e.strerror}")
     return curve
-
-
-def k_policy(spec: Any, lm: Any, drafter: Any, remeasure: bool = False, max_k: int | None = None,
-             log: Callable[[str], None] | None = _stderr_line) -> Any:
-    """A ``--k`` value as what ``engine.generate`` takes: an int for a fixed K, or an ``AutoK``
-    for ``auto`` (drafting up to ``max_k``, default 8, against this machine's cost curve).
-    ``spec`` None (``--k`` not given): auto with a drafter; without one K is unused (4)."""
-    from mlxspec.core.autok import DEFAULT_MAX_K, AutoK, parse_k_option
-    from mlxspec.core.drafters import NgramDrafter
-
-    if spec is None and drafter is None:
-        return 4
-    k = parse_k_option("auto" if spec is None else spec)
-    if k != "auto":
-        return k
-    if drafter is None:
-        raise MlxspecError("--k auto needs a drafter: with --draft none nothing is drafted "
-                           "(drop --k, or pick a drafter such as --draft default or ngram:3)")
-    max_k = max_k or DEFAULT_MAX_K
-    curve = cost_curve(lm, max_k + 1, remeasure=remeasure, log=log)
-    # Prompt lookup costs next to nothing; a model drafter starts from a tenth of a target pass
-    # until the engine reports its real timings.
-    ratio = 0.01 if isinstance(drafter, NgramDrafter) else 0.1
-    return AutoK(curve, max_k=max_k, draft_prior_ratio=ratio)
-
-
-def tree_costs(shape: Any, lm: Any, remeasure: bool = False,
-               log: Callable[[str], None] | None = _stderr_line) -> Any:
-    """A ``--tree`` shape as the engine takes it: an ``auto`` tree gets this machine's verify
-    costs for passes of 1..max_nodes + 1 tokens (it verifies as many nodes as pay for them);
-    a static one is returned as it is."""
-    if shape is None or not shape.auto:
-        return shape
-    curve = cost_curve(lm, shape.max_nodes + 1, remeasure=remeasure, log=log)
-    return replace(shape, costs=tuple(curve.ms[: shape.max_nodes + 1]))
