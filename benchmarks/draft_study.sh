@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The draft-training study of BENCHMARKS.md §7: one distillation set, one architecture (2 blocks,
-# 8192-token head), one step budget; only the objective differs. Then tau with the real engine
-# (eval-draft) and end-to-end speed (bench) for each. About 90 minutes on the 2-core Linux CPU.
+# The draft-training study of BENCHMARKS.md ("The plain draft: KL vs EAL vs WTV"): one
+# distillation set, one architecture (2 blocks, 8192-token head), one step budget; only the
+# objective differs. Then tau with the real engine (eval-draft) and end-to-end speed (bench) for
+# each. About 90 minutes on the 2-core Linux CPU.
 set -euo pipefail
 OUT=${1:-out/study}
 M=${MLXSPEC:-.venv/bin/mlxspec}

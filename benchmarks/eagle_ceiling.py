@@ -166,7 +166,8 @@ def main() -> None:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--cost", default="1,1.13,1.21,1.35,1.49,1.47",
-                    help="one target pass over L = 1, 2, ... tokens, in one-token passes (BENCHMARKS §8)")
+                    help="one target pass over L = 1, 2, ... tokens, in one-token passes "
+                         "(BENCHMARKS.md, what verifying L tokens costs on MLX)")
     ap.add_argument("--out")
     args = ap.parse_args()
     cost = extend_curve([float(x) for x in args.cost.split(",")], MAX_K + 1)

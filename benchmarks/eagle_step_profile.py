@@ -1,5 +1,6 @@
-"""Where an eagle training step's time goes on torch: the shipped recipe's batches (BENCHMARKS
-§18-19), a few steps timed, then torch's profiler over three more, operators by their own time.
+"""Where an eagle training step's time goes on torch: the shipped recipe's batches (its command is
+in BENCHMARKS.md, "The eagle head"), a few steps timed, then torch's profiler over three more,
+operators by their own time.
 Needs the recipe's features in ``$MLXSPEC_HOME/eagle-data`` (built by the recipe, or first here).
 
     python benchmarks/eagle_step_profile.py [--steps 12] [--rows 25]

@@ -1,4 +1,5 @@
-"""Variants of the shipped eagle recipe (§18 B), one lever at a time, for BENCHMARKS §20.
+"""Variants of the shipped eagle recipe (B, the w2000 row of BENCHMARKS.md, "The eagle head"), one
+lever at a time.
 
 The base is B's data (300 corpus examples per category and the target's answers to 3,300 of
 their prompts, features on torch, cached) and B's training (eal over a 3-step unroll, T = 1,

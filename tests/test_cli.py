@@ -68,7 +68,8 @@ def test_models_list_json(tmp_path, monkeypatch):
     m = data["models"][0]
     assert m["name"] == "smollm2-135m-instruct" and m["default"] and not m["present"]
     # The shipped drafts live in the repository, not the store: present whatever the home. Neither
-    # is the default: neither is faster than target-only here (README, BENCHMARKS §7-8).
+    # is the default: neither is faster than target-only here (README; BENCHMARKS.md, "Does each
+    # drafter beat target-only decoding").
     drafts = {x["name"]: x for x in data["models"][1:]}
     assert set(drafts) == {"smollm2-135m-draft", "smollm2-135m-eagle"}
     assert all(x["draft_for"] == m["name"] and not x["default_draft"] and x["present"] for x in drafts.values())
