@@ -34,7 +34,7 @@ class BlasStatus:
 def _keep_torch_blas() -> None:
     """PyTorch's CPU library carries its own BLAS (MKL) under the same symbol names as
     OpenBLAS. Loaded after OpenBLAS went global, its float32 matmuls bind to OpenBLAS, whose
-    threads then fight torch's: 4x slower decoding here (BENCHMARKS.md §13). Loading it first,
+    threads then fight torch's and decoding slows several-fold. Loading it first,
     privately, keeps its own; MLX still finds OpenBLAS. About 0.15 s, only where torch is
     installed."""
     if "torch" in sys.modules:

@@ -413,7 +413,7 @@ class CpuPath:
     functions taking the weights as inputs (one trace per pass length serves every layer; the KV
     cache update and attention stay outside, as their shapes grow with the context). The
     arithmetic is the blocks' own, op for op. Fusing q/k/v and gate/up into one matmul each was
-    measured as well and was not faster here (BENCHMARKS.md, "Where a step's time goes"), so the
+    measured as well and was not faster on this CPU backend, so the
     blocks' weights are used as they are: nothing is transformed at load time.
 
     It covers llama blocks with any head size and RoPE frequencies (``handles``); the other

@@ -769,7 +769,7 @@ def mlx_lm_peer(lm, draft: str, drafter) -> Peer:
 
     if isinstance(drafter, EagleDrafter):
         # mlx-lm cannot run a head that reads the target's features; its best draft here is a
-        # plain model, so it gets the target's own first layers (BENCHMARKS §3).
+        # plain model, so it gets the target's own first layers.
         drafter = ModelDrafter(lm.model, f"self:{EAGLE_PEER_LAYERS}", num_layers=EAGLE_PEER_LAYERS)
     elif not isinstance(drafter, ModelDrafter):
         return Peer(reason=NGRAM_NO_PEER if draft.startswith("ngram") else f"no mlx-lm peer for drafter {draft!r}")

@@ -1,4 +1,4 @@
-"""Acceptance-aware losses for training a draft model (DESIGN.md, study 1).
+"""Acceptance-aware losses for training a draft model: EAL for greedy verification, WTV for sampling.
 
 Pure MLX functions: no model calls, no I/O. Every loss is differentiable with ``mx.grad`` /
 ``nn.value_and_grad`` with respect to the draft's logits and returns a scalar mean over the

@@ -18,7 +18,7 @@ class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = N down to
     ``min_n``) in prompt + output and propose what followed it. Pays when the answer copies
     its input. Single-token matches are mostly noise and each wasted proposal costs a wider
-    verify pass, so by default a match needs two tokens (measured in BENCHMARKS.md)."""
+    verify pass, so by default a match needs two tokens."""
 
     wants_hidden = False
 

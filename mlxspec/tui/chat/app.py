@@ -56,9 +56,8 @@ from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, TreePanel, 
 
 # Seconds from a step's arrival to drawing it, batching the steps that arrive meanwhile (0: on
 # the next turn of the event loop, with ``call_later``: a 0 s Textual timer never fires, it
-# divides by its interval). Drawing a line of the answer re-lays out the screen (~7 ms of the UI
-# thread); at once after every ~65 ms step that competed with decoding: the app ran at 0.91x and
-# 0.94x headless tokens/s with 0, 0.97x and 1.01x with 0.1 s (BENCHMARKS.md §6, 2026-11-30).
+# divides by its interval). Drawing a line of the answer re-lays out the screen; done after every
+# step it competes with decoding, batched it does not (BENCHMARKS.md, chat drawing overhead).
 RENDER_DELAY = 0.1
 STATS_INTERVAL = 0.5  # seconds between side-panel redraws while generating (each costs ~7 ms)
 
