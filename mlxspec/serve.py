@@ -30,6 +30,7 @@ from mlxspec.core.ops import ops_for
 from mlxspec.core.events import Done, Event, Status, Step
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
+from mlxspec.measure.runs import RunCollector
 from mlxspec.session import Session, SessionOptions, StepText
 from mlxspec.targets.costcurve import stderr_line
 
@@ -235,43 +236,32 @@ class StopScanner:
         return out
 
 
-@dataclass
-class Tally:
-    """Usage and speculation statistics of one reply, folded from the engine's events. A reply
-    cut short (stop string, client gone) has no ``Done``; its steps still count what was decoded."""
+class Tally(RunCollector):
+    """Usage and speculation statistics of one reply, from the engine's events as ``RunCollector``
+    folds them. A reply cut short (stop string, client gone) has no ``Done``; its steps still
+    count what was decoded."""
 
-    prompt_tokens: int
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    completion_tokens: int = 0
-    draft_ms: float = 0.0
-    verify_ms: float = 0.0
-    stop_reason: str | None = None  # the engine's: "eos" | "length" | "context"
+    def __init__(self, prompt_tokens: int):
+        super().__init__()
+        self.prompt_tokens = prompt_tokens
 
-    def add(self, ev: Event) -> None:
-        if isinstance(ev, Step):
-            self.steps += 1
-            self.drafted += ev.k
-            self.accepted += ev.accepted
-            self.completion_tokens += len(ev.emitted)
-            self.draft_ms += ev.draft_ms
-            self.verify_ms += ev.verify_ms
-        elif isinstance(ev, Done):
-            self.stop_reason = ev.stop_reason
+    @property
+    def stop_reason(self) -> str | None:
+        """The engine's: "eos" | "length" | "context"; None before its ``Done``."""
+        return self.done.stop_reason if self.done is not None else None
 
     def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.tokens),
+                "total_tokens": self.prompt_tokens + len(self.tokens)}
 
     def speculation(self, drafter: str | None, k: int | str) -> dict:
         """``acceptance`` is accepted / drafted (None when nothing was drafted);
         ``tokens_per_step`` the output tokens per target pass."""
-        return {"drafter": drafter, "k": k if drafter else 0, "steps": self.steps, "drafted": self.drafted,
-                "accepted": self.accepted,
-                "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
-                "tokens_per_step": round(self.completion_tokens / self.steps, 4) if self.steps else None,
-                "draft_ms": round(self.draft_ms, 2), "verify_ms": round(self.verify_ms, 2)}
+        steps, drafted, accepted = len(self.drafted), sum(self.drafted), sum(self.accepted)
+        return {"drafter": drafter, "k": k if drafter else 0, "steps": steps, "drafted": drafted,
+                "accepted": accepted, "acceptance": round(accepted / drafted, 4) if drafted else None,
+                "tokens_per_step": round(len(self.tokens) / steps, 4) if steps else None,
+                "draft_ms": round(sum(self.draft_ms), 2), "verify_ms": round(sum(self.verify_ms), 2)}
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def _drafter(draft: str, lm):
 
 
 @dataclass
-class Tally:
+class MethodTotals:
     """What one method produced over a check: tokens, sequences, steps, drafts, time."""
 
     speculative: bool
@@ -219,7 +219,7 @@ class Sample:
     that ended at a stop token: when a sequence ends is part of the distribution too)."""
 
     seqs: dict[str, list[list[int]]]
-    tallies: dict[str, Tally]
+    tallies: dict[str, MethodTotals]
     used: Counter  # prompt index -> rounds it was used in
     rounds: int = 0
 
@@ -231,7 +231,7 @@ def _sample_rounds(lm, drafter, items: list[dict[str, Any]], ids: list[list[int]
     from mlxspec.targets.tokenizer import stop_token_ids
 
     stop = stop_token_ids(lm.tokenizer)
-    sample = Sample({m: [] for m in METHODS}, {m: Tally(m == "speculative") for m in METHODS}, Counter())
+    sample = Sample({m: [] for m in METHODS}, {m: MethodTotals(m == "speculative") for m in METHODS}, Counter())
     while min(t.tokens for t in sample.tallies.values()) < tokens:
         r, j = sample.rounds, sample.rounds % len(items)
         for method in METHODS:
@@ -422,7 +422,7 @@ def greedy_check(
     items = verify_prompts()
     params = SamplingParams()  # greedy
     results = []
-    tallies = {m: Tally(m == "speculative") for m in METHODS}
+    tallies = {m: MethodTotals(m == "speculative") for m in METHODS}
     done = 0
     for i in range(prompts):
         it = items[i % len(items)]
@@ -456,7 +456,7 @@ def _greedy_row(lm, it: dict[str, Any], ids: list[int], a: list[int], b: list[in
 
 
 def _greedy_result(lm, draft: str, k: int, prompts: int, tokens: int, results: list[dict[str, Any]],
-                   tallies: dict[str, Tally]) -> dict[str, Any]:
+                   tallies: dict[str, MethodTotals]) -> dict[str, Any]:
     classes = Counter(r["classification"] for r in results)
     return {
         "check": "greedy",
