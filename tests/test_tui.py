@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from helpers import one_line_error
 from pilot import run, wait_for
 from rich.style import Style
 from rich.text import Text
@@ -629,13 +630,6 @@ def test_run_chat_takes_a_tree_and_refuses_it_without_a_drafter(monkeypatch):
     assert app.settings.label == "ngram:3 tree=3x2 · T=0"
 
 
-def _one_line_error(result, pattern: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    assert re.search(pattern, lines[0]), lines[0]
-
-
 @pytest.mark.parametrize("args, message", [
     (["--tree", "3x2", "--draft", "none"], "--tree needs a drafter, but --draft is none"),
     (["--tree", "3y2"], r"bad --tree '3y2': expected DxB"),
@@ -651,7 +645,7 @@ def test_chat_cli_refuses_bad_tree_options_in_one_line(monkeypatch, args, messag
     from mlxspec.cli import app
 
     monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: pytest.fail("the UI started"))
-    _one_line_error(CliRunner().invoke(app, ["chat", *args]), message)
+    one_line_error(CliRunner().invoke(app, ["chat", *args]), message)
 
 
 def test_chat_cli_passes_the_tree(monkeypatch):
