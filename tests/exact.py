@@ -43,6 +43,8 @@ import numpy as np
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 from mlxspec.core import ops as mlx_ops
 from mlxspec.core.events import Event, Step
+from mlxspec.core.model import Llama, LlamaConfig
+from mlxspec.core.sampling import SamplingParams, probs
 
 
 class EnumerationError(AssertionError):
@@ -343,3 +345,79 @@ def target_joint(next_probs: Callable[[list[list[int]]], np.ndarray], prompt: li
         prefixes = [prompt + list(t) for t in itertools.product(range(vocab), repeat=depth)]
         joint = joint[..., None] * next_probs(prefixes).reshape((vocab,) * depth + (vocab,))
     return joint
+
+
+# ----------------------------------------------------------------------------- the 4-token models
+# What tests/test_equivalence.py, tests/test_tree.py and tests/test_torchpath.py check engines
+# against: two tiny random Llamas over a 4-token vocabulary and the target's exact joint.
+
+EXACT_VOCAB = 4
+EXACT_CFG = LlamaConfig(
+    vocab_size=EXACT_VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32,
+    tie_embeddings=False,
+)
+OUT_SCALE = 1.5  # LM head x1.5: somewhat peaked, every cell still likely enough to matter
+PROMPT = [1, 2, 3]
+NUM_TOKENS = 3  # the joint distribution of this many first tokens is tested
+EXACT_TV = 1e-5  # float32 inside the engine vs the float64 reference; broken engines: > 1e-2
+
+
+def exact_llama(seed: int) -> Llama:
+    mx.random.seed(seed)
+    m = Llama(EXACT_CFG)
+    m.lm_head.weight = m.lm_head.weight * OUT_SCALE
+    mx.eval(m.parameters())
+    return m
+
+
+def next_token_probs(model: Llama, sequences: list[list[int]], params: SamplingParams) -> np.ndarray:
+    """float64 (len(sequences), V): the processed next-token distribution after each sequence,
+    from one batched forward pass of equal-length sequences."""
+    logits = model(mx.array(sequences, dtype=mx.int32), model.make_cache())[:, -1]
+    p = np.array(probs(logits, params), dtype=np.float64)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def exact_joint(model: Llama, prompt: list[int], params: SamplingParams, n: int = NUM_TOKENS) -> np.ndarray:
+    """P(first n sampled tokens = (t_1..t_n)) under target-only sampling, shape (V,) * n."""
+    joint = target_joint(lambda seqs: next_token_probs(model, seqs, params), prompt, EXACT_VOCAB, n)
+    assert abs(joint.sum() - 1) < 1e-9
+    return joint
+
+
+def tv(a: np.ndarray, b: np.ndarray) -> float:
+    return 0.5 * float(np.abs(a - b).sum())
+
+
+def ngram_prompt(target, params) -> tuple[list[int], float]:
+    """A prompt [a, b, c, a, b] after which prompt lookup proposes c, ..., chosen so the target's
+    probability of c is nearest 1/2 (accepted and rejected alike)."""
+    cands = [(a, b, c) for a, b, c in itertools.permutations(range(EXACT_VOCAB), 3)]
+    p = next_token_probs(target, [[a, b, c, a, b] for a, b, c in cands], params)
+    pc = p[np.arange(len(cands)), [c for _, _, c in cands]]
+    i = int(np.argmin(np.abs(pc - 0.5)))
+    a, b, c = cands[i]
+    return [a, b, c, a, b], float(pc[i])
+
+
+def sampled_tree_chi_square(target, drafter, runs: int = 3000) -> tuple[float, list[Step]]:
+    """Seeded runs of the engine drafting 2x2:sample trees at T = 1: the p-value of their first
+    two tokens against the target's exact joint (``target`` runs on ``exact_llama``'s weights)."""
+    from scipy.stats import chisquare
+
+    from mlxspec.core.engine import generate
+    from mlxspec.core.tree import parse_tree
+
+    mlx_target = exact_llama(0)
+    params = SamplingParams(temperature=1.0)
+    shape = parse_tree("2x2:sample")
+    counts = np.zeros((EXACT_VOCAB,) * 2)
+    steps = []
+    for seed in range(runs):
+        events = list(generate(target, PROMPT, params, 2, set(), 64, seed, drafter, 4, tree=shape))
+        counts[tuple([t for e in events if isinstance(e, Step) for t in e.emitted][:2])] += 1
+        steps += [e for e in events if isinstance(e, Step) and e.tree]
+    want = target_joint(lambda seqs: np.array(probs(mlx_target(mx.array(seqs, dtype=mx.int32), mlx_target.make_cache())[:, -1],
+                                                    params), dtype=np.float64), PROMPT, EXACT_VOCAB, 2)
+    want = want / want.sum()
+    return chisquare(counts.ravel(), want.ravel() * counts.sum()).pvalue, steps

@@ -2,25 +2,9 @@ import json
 import zipfile
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke, one_line_error
 
 from mlxspec.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args, **kw):
-    return runner.invoke(app, list(args), **kw)
-
-
-def one_line_error(result, pattern):
-    import re
-
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    assert re.search(pattern, lines[0]), lines[0]
 
 
 def test_help_lists_commands():

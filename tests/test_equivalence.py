@@ -1,6 +1,6 @@
 """Distribution equivalence of the whole engine (level b of the design's three levels).
 
-Two tiny random Llamas over a 4-token vocabulary play target and draft. For a fixed prompt the
+Two tiny random Llamas over a 4-token vocabulary (tests/exact.py) play target and draft. For a fixed prompt the
 EXACT joint distribution of the first three tokens the target alone would sample is computed by
 enumerating every prefix (1 + 4 + 16 sequences, float64 products of ``sampling.probs``).
 
@@ -34,7 +34,6 @@ The end of the file covers level c (``mlxspec.equivalence``, the real-model chec
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import time
 from collections import Counter
@@ -42,7 +41,19 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
-from exact import EnumerationError, engine_distribution, target_joint
+from exact import (
+    EXACT_CFG,
+    EXACT_TV,
+    EXACT_VOCAB,
+    NUM_TOKENS,
+    PROMPT,
+    EnumerationError,
+    engine_distribution,
+    exact_joint,
+    exact_llama,
+    ngram_prompt,
+    tv,
+)
 from scipy.stats import chisquare
 
 import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
@@ -50,22 +61,13 @@ from mlxspec.core import engine
 from mlxspec.core import ops as mlx_ops
 from mlxspec.core.drafters import ModelDrafter, NgramDrafter
 from mlxspec.core.events import Step
-from mlxspec.core.model import Llama, LlamaConfig
+from mlxspec.core.model import Llama
 from mlxspec.core.prefill import prefill
 from mlxspec.core.sampling import SamplingParams, probs
 from mlxspec.core.verify import rejection_verify
 from mlxspec.measure import equivalence
 
-VOCAB = 4
-CFG = LlamaConfig(
-    vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32,
-    tie_embeddings=False,
-)
-OUT_SCALE = 1.5  # LM head x1.5: somewhat peaked, every cell still likely enough to matter
-PROMPT = [1, 2, 3]
-NUM_TOKENS = 3  # the joint distribution of this many first tokens is tested
 CONTEXT = 64
-EXACT_TV = 1e-5  # float32 inside the engine vs the float64 reference; broken engines: > 1e-2
 MIN_EXPECTED = 5.0  # (sampling run) cells expected below this are pooled into one bin
 SANITY_SAMPLES = 1_000
 
@@ -73,40 +75,14 @@ SANITY_SAMPLES = 1_000
 # ----------------------------------------------------------------------------- models
 
 
-def tiny_llama(seed: int) -> Llama:
-    mx.random.seed(seed)
-    m = Llama(CFG)
-    m.lm_head.weight = m.lm_head.weight * OUT_SCALE
-    mx.eval(m.parameters())
-    return m
-
-
 @pytest.fixture(scope="module")
 def target() -> Llama:
-    return tiny_llama(0)
+    return exact_llama(0)
 
 
 @pytest.fixture(scope="module")
 def draft() -> Llama:
-    return tiny_llama(1)  # unrelated to the target: rejections are common
-
-
-# ----------------------------------------------------------------------------- exact reference
-
-
-def next_token_probs(model: Llama, sequences: list[list[int]], params: SamplingParams) -> np.ndarray:
-    """float64 (len(sequences), V): the processed next-token distribution after each sequence,
-    from one batched forward pass of equal-length sequences."""
-    logits = model(mx.array(sequences, dtype=mx.int32), model.make_cache())[:, -1]
-    p = np.array(probs(logits, params), dtype=np.float64)
-    return p / p.sum(axis=-1, keepdims=True)
-
-
-def exact_joint(model: Llama, prompt: list[int], params: SamplingParams, n: int = NUM_TOKENS) -> np.ndarray:
-    """P(first n sampled tokens = (t_1..t_n)) under target-only sampling, shape (V,) * n."""
-    joint = target_joint(lambda seqs: next_token_probs(model, seqs, params), prompt, VOCAB, n)
-    assert abs(joint.sum() - 1) < 1e-9
-    return joint
+    return exact_llama(1)  # unrelated to the target: rejections are common
 
 
 # ----------------------------------------------------------------------------- the engine, exactly
@@ -117,11 +93,7 @@ def exact_engine(target, drafter, params, k, max_tokens, monkeypatch, prompt=PRO
     def run():
         return engine.generate(target, prompt, params, max_tokens, set(), CONTEXT, seed=0, drafter=drafter, k=k)
 
-    return engine_distribution(run, NUM_TOKENS, VOCAB, monkeypatch)
-
-
-def tv(a: np.ndarray, b: np.ndarray) -> float:
-    return 0.5 * float(np.abs(a - b).sum())
+    return engine_distribution(run, NUM_TOKENS, EXACT_VOCAB, monkeypatch)
 
 
 def check_config(target, drafter, params, k, max_tokens, monkeypatch, prompt=PROMPT):
@@ -159,7 +131,7 @@ def test_models_are_far_from_uniform_and_disagree(target, draft):
     p, q = exact_joint(target, PROMPT, params), exact_joint(draft, PROMPT, params)
     p1, q1 = p.sum(axis=(1, 2)), q.sum(axis=(1, 2))
     entropy = -(p1 * np.log(p1)).sum()
-    assert entropy < 0.85 * np.log(VOCAB)
+    assert entropy < 0.85 * np.log(EXACT_VOCAB)
     assert 0.2 < np.minimum(p1, q1).sum() < 0.8  # rejections are common, so are acceptances
     assert p.min() > 1e-6  # every sequence is possible: nothing hides in a zero cell
 
@@ -186,17 +158,6 @@ def test_engine_distribution_is_exactly_the_targets(target, draft, k, params, ma
     if k > 1:
         kept = e.steps.get("all kept", 0) + e.steps.get("past the horizon", 0)
         assert kept > 0.05, "some steps should keep every judged draft"
-
-
-def ngram_prompt(target, params) -> tuple[list[int], float]:
-    """A prompt [a, b, c, a, b] after which prompt lookup proposes c, ..., chosen so the target's
-    probability of c is nearest 1/2 (accepted and rejected alike)."""
-    cands = [(a, b, c) for a, b, c in itertools.permutations(range(VOCAB), 3)]
-    p = next_token_probs(target, [[a, b, c, a, b] for a, b, c in cands], params)
-    pc = p[np.arange(len(cands)), [c for _, _, c in cands]]
-    i = int(np.argmin(np.abs(pc - 0.5)))
-    a, b, c = cands[i]
-    return [a, b, c, a, b], float(pc[i])
 
 
 def test_engine_with_ngram_drafter_is_exactly_the_targets(target, monkeypatch):
@@ -259,8 +220,8 @@ def test_the_check_catches_a_rollback_off_by_one(target, draft, monkeypatch):
 
 def sample_engine(model, prompt, params, drafter, k, max_tokens, seeds) -> np.ndarray:
     """Histogram (V**NUM_TOKENS,) of the first NUM_TOKENS tokens of ``engine.generate`` over ``seeds``."""
-    cells = np.zeros(VOCAB**NUM_TOKENS, dtype=np.int64)
-    weights = VOCAB ** np.arange(NUM_TOKENS - 1, -1, -1)
+    cells = np.zeros(EXACT_VOCAB**NUM_TOKENS, dtype=np.int64)
+    weights = EXACT_VOCAB ** np.arange(NUM_TOKENS - 1, -1, -1)
     for seed in seeds:
         out = [t for ev in engine.generate(model, prompt, params, max_tokens, set(), CONTEXT, seed=seed,
                                            drafter=drafter, k=k)
@@ -413,8 +374,9 @@ def tiny_eagle(target: Llama, vocab_ids: list[int]):
     from mlxspec.core.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 
     mx.random.seed(2)
-    cfg = EagleConfig(hidden_size=CFG.hidden_size, intermediate_size=CFG.intermediate_size, num_heads=CFG.num_heads,
-                      num_kv_heads=CFG.num_kv_heads, head_vocab=len(vocab_ids), target_vocab=VOCAB)
+    cfg = EagleConfig(hidden_size=EXACT_CFG.hidden_size, intermediate_size=EXACT_CFG.intermediate_size,
+                      num_heads=EXACT_CFG.num_heads, num_kv_heads=EXACT_CFG.num_kv_heads, head_vocab=len(vocab_ids),
+                      target_vocab=EXACT_VOCAB)
     head = EagleHead(cfg, mx.array(vocab_ids), target.model.embed_tokens)
     head.lm_head.weight = head.lm_head.weight * 3.0
     mx.eval(head.parameters())

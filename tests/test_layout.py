@@ -118,3 +118,35 @@ def test_core_knows_nothing_of_files_measurements_training_or_ui():
     bad = [f"{name} imports {src}" for name, tree in mods.items() if name.startswith("mlxspec.core")
            for src, _ in imports(name, tree, known) if src.startswith(outside)]
     assert not bad, "\n".join(bad)
+
+
+def test_no_test_module_imports_another():
+    """Helpers two test modules share live in a helper module (tests/helpers.py, tiny.py,
+    exact.py, pilot.py), never in a test_*.py another one imports: importing a test module runs
+    its collection-time code and, under pytest, can collect its tests twice."""
+    test_modules = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+
+    def imported(tree: ast.Module) -> set[str]:
+        out = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out |= {a.name.split(".")[-1] if a.name.startswith("tests.") else a.name.split(".")[0]
+                        for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                module = (node.module or "").split(".")
+                if module == ["tests"] or module == [""]:  # from tests import x / from . import x
+                    out |= {a.name for a in node.names}
+                else:
+                    out.add(module[1] if module[0] == "tests" and len(module) > 1 else module[0])
+        return out & test_modules
+
+    bad = [f"tests/{p.name} imports {', '.join(sorted(found))}"
+           for p in sorted((ROOT / "tests").glob("test_*.py"))
+           if (found := imported(ast.parse(p.read_text(), str(p))) - {p.stem})]
+    assert not bad, "\n".join(bad) + "\n(move what they share into a helper module under tests/)"
+    # the check sees every spelling of such an import
+    for line in ("from test_cli import invoke", "import test_cli", "from tests.test_cli import invoke",
+                 "import tests.test_cli as t", "from .test_cli import invoke", "from tests import test_cli",
+                 "from . import test_cli", "def f():\n    from test_cli import invoke"):
+        assert imported(ast.parse(line)) == {"test_cli"}, line
+    assert imported(ast.parse("from helpers import invoke\nimport tiny\nfrom mlxspec import cli")) == set()

@@ -68,9 +68,29 @@ def gguf_meta():
 
 @pytest.mark.model
 def test_same_tokenizer_is_compatible(gguf_meta):
+    """Two tokenizers built apart from one model's metadata: the same content, so the check
+    returns (None) in either order instead of raising. The vocabularies compared are the model's
+    whole table, not two empty ones that would pass any check."""
     from mlxspec.targets.tokenizer import tokenizer_from_gguf
 
-    loading.check_compatible(tokenizer_from_gguf(gguf_meta), tokenizer_from_gguf(gguf_meta))
+    target, draft = tokenizer_from_gguf(gguf_meta), tokenizer_from_gguf(gguf_meta)
+    tokens = list(gguf_meta["tokenizer.ggml.tokens"])
+    assert target is not draft and len(tokens) > 1000
+    assert target._tokenizer.get_vocab() == draft._tokenizer.get_vocab()
+    assert len(target._tokenizer.get_vocab()) == len(tokens)
+    assert loading.check_compatible(target, draft) is None
+    assert loading.check_compatible(draft, target) is None
+
+
+@pytest.mark.model
+def test_a_draft_tokenizer_with_one_more_token_is_incompatible(gguf_meta):
+    from mlxspec.targets.tokenizer import tokenizer_from_gguf
+
+    tokens = list(gguf_meta["tokenizer.ggml.tokens"])
+    longer = tokenizer_from_gguf({**gguf_meta, "tokenizer.ggml.tokens": tokens + ["<|extra|>"]})
+    n = len(tokens)
+    with pytest.raises(MlxspecError, match=rf"differ at id {n}: target None, draft '<\|extra\|>' \({n} vs {n + 1} tokens\)"):
+        loading.check_compatible(tokenizer_from_gguf(gguf_meta), longer)
 
 
 @pytest.mark.model

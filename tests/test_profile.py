@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import mlx.core as mx
 import pytest
@@ -31,8 +32,11 @@ def test_compare_paths_times_every_path_and_leaves_the_landed_one_on():
     assert model.use_cpu_path and model.cpu_path().compile_max_tokens == COMPILE_MAX_TOKENS
 
 
-def test_sync_round_trip_is_small_and_positive():
-    assert 0 < sync_round_trip_ms(5) < 100
+def test_sync_round_trip_is_a_positive_time():
+    """How long a host sync takes depends on the machine and its load, so no test bounds it
+    (`mlxspec profile` reports it as the step's sync round trip)."""
+    ms = sync_round_trip_ms(5)
+    assert isinstance(ms, float) and math.isfinite(ms) and ms > 0
 
 
 @pytest.mark.model

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from scipy.stats import spearmanr
-from tiny import lively_target
+from tiny import features, lively_target, random_head
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 from mlxspec.core.drafters import ModelDrafter
@@ -272,8 +272,6 @@ def test_node_records_match_the_targets_logits_of_each_root_to_node_path(tempera
 
 
 def test_eagle_and_prompt_lookup_trees_log_their_nodes_too():
-    from test_tree import features, random_head
-
     from mlxspec.core.drafters import NgramDrafter
     from mlxspec.core.drafters.eagle import EagleDrafter
 
@@ -321,13 +319,13 @@ def test_without_node_stats_the_engine_computes_none():
     (["--temp", "-1"], r"temperature must be >= 0"),
 ])
 def test_cli_bad_input_is_one_line_errors(args, message):
-    from test_cli import invoke, one_line_error
+    from helpers import invoke, one_line_error
 
     one_line_error(invoke("study", *args), message)
 
 
 def test_cli_help_names_json_out_plot_and_the_papers_defaults():
-    from test_cli import invoke
+    from helpers import invoke
 
     r = invoke("study", "--help", terminal_width=200)
     assert r.exit_code == 0
@@ -337,7 +335,7 @@ def test_cli_help_names_json_out_plot_and_the_papers_defaults():
 
 
 def test_cli_missing_data_folder_is_one_line_error(tmp_path, monkeypatch):
-    from test_cli import invoke, one_line_error
+    from helpers import invoke, one_line_error
 
     monkeypatch.setenv("MLXSPEC_DATA", str(tmp_path / "nowhere"))
     one_line_error(invoke("study", "--quick"), r"prompt data is missing from .*nowhere.*set MLXSPEC_DATA")
@@ -345,7 +343,7 @@ def test_cli_missing_data_folder_is_one_line_error(tmp_path, monkeypatch):
 
 @pytest.mark.model
 def test_cli_unknown_drafter_is_one_line_error(tmp_path):
-    from test_cli import invoke, one_line_error
+    from helpers import invoke, one_line_error
 
     one_line_error(invoke("study", "--quick", "--draft", "no-such-drafter", "--log", str(tmp_path / "l.jsonl")),
                    r"no-such-drafter")
@@ -353,7 +351,7 @@ def test_cli_unknown_drafter_is_one_line_error(tmp_path):
 
 @pytest.mark.model
 def test_cli_quick_study_runs_resumes_and_reports(tmp_path):
-    from test_cli import invoke
+    from helpers import invoke
 
     log, out = tmp_path / "log.jsonl", tmp_path / "study.json"
     r = invoke("study", "--quick", "--log", str(log), "--out", str(out), "--json")

@@ -17,8 +17,19 @@ import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
 
-from exact import EnumerationError, torch_engine_distribution  # noqa: E402
-from test_equivalence import EXACT_TV, NUM_TOKENS, PROMPT, VOCAB, exact_joint, ngram_prompt, tiny_llama, tv  # noqa: E402
+from exact import (  # noqa: E402
+    EXACT_TV,
+    EXACT_VOCAB,
+    NUM_TOKENS,
+    PROMPT,
+    EnumerationError,
+    exact_joint,
+    exact_llama,
+    ngram_prompt,
+    sampled_tree_chi_square,
+    torch_engine_distribution,
+    tv,
+)
 from typer.testing import CliRunner  # noqa: E402
 
 from mlxspec.cli import app  # noqa: E402
@@ -198,8 +209,8 @@ def test_batched_sampling_draws_each_rows_own_distribution():
 
 @pytest.fixture(scope="module")
 def pair():
-    """test_equivalence's tiny target and unrelated draft, on both backends."""
-    target, draft = tiny_llama(0), tiny_llama(1)
+    """The 4-token target and unrelated draft of tests/exact.py (test_equivalence's), on both backends."""
+    target, draft = exact_llama(0), exact_llama(1)
     return target, TorchLlama.from_mlx(target), TorchLlama.from_mlx(draft)
 
 
@@ -207,7 +218,7 @@ def torch_exact(torch_target, drafter, params, k, max_tokens, monkeypatch, promp
     def run():
         return engine.generate(torch_target, prompt, params, max_tokens, set(), 64, seed=0, drafter=drafter, k=k)
 
-    return torch_engine_distribution(run, NUM_TOKENS, VOCAB, monkeypatch)
+    return torch_engine_distribution(run, NUM_TOKENS, EXACT_VOCAB, monkeypatch)
 
 
 @pytest.mark.parametrize("k, params, max_tokens", [
@@ -335,8 +346,6 @@ def test_bad_backend_or_device_is_one_line(args, says):
 def test_torch_sampled_tree_speculation_samples_the_target_by_chi_square():
     """``--tree 2x2:sample`` on torch: the drafter's sampled children and torch's multi-round
     rule, as tests/test_tree.py checks them on MLX."""
-    from test_tree import exact_llama, sampled_tree_chi_square
-
     target, draft = (TorchLlama.from_mlx(exact_llama(s)) for s in (0, 1))
     pvalue, steps = sampled_tree_chi_square(target, ModelDrafter(draft, "draft"), runs=2000)
     assert pvalue > 1e-3 and any(s.tree.path and s.tree.path[0] == 1 for s in steps)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import numpy as np
 import pytest
-from exact import EnumerationError, target_joint
+from exact import EXACT_TV, EXACT_VOCAB, PROMPT, EnumerationError, exact_llama, sampled_tree_chi_square, target_joint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
-from tiny import VOCAB, lively_target, tiny_draft, tiny_target
+from tiny import VOCAB, features, lively_target, random_head, tiny_draft, tiny_target
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 from mlxspec.core import engine, verify
@@ -335,24 +335,6 @@ def test_draft_model_cache_after_any_tree_commit_matches_fresh_prefill(small, pr
         keep_rows(d.cache, d.cache[0].offset - 1, [])
 
 
-def random_head(target, seed: int = 1):
-    """An eagle head with random weights (as tests/test_eagle.py's), so drafts vary."""
-    from mlx.utils import tree_flatten
-
-    from mlxspec.training.eagle import new_head
-
-    head = new_head(target, mx.array(sorted(list(range(0, VOCAB, 2)) + [1])), seed=seed)
-    flat = [(k, mx.random.normal(v.shape) * 0.3) for k, v in tree_flatten(head.parameters())
-            if not k.startswith("lm_head")]
-    head.load_weights(flat, strict=False)
-    mx.eval(head.parameters())
-    return head
-
-
-def features(target, tokens: list[int]) -> mx.array:
-    return target.model(mx.array([tokens]), None, return_hidden=True)[1][0]
-
-
 @settings(max_examples=15, deadline=None)
 @given(prompt=st.lists(st.integers(1, VOCAB - 1), min_size=2, max_size=8),
        rounds=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(0, 99), st.integers(1, VOCAB - 1),
@@ -588,26 +570,6 @@ def test_sampled_children_keep_the_target_law_exactly(parents, monkeypatch):
     assert target_law(broken) > 1e-3
 
 
-def sampled_tree_chi_square(target, drafter, runs: int = 3000) -> tuple[float, list[Step]]:
-    """Seeded runs of the engine drafting 2x2:sample trees at T = 1: the p-value of their first
-    two tokens against the target's exact joint (``target`` runs on ``exact_llama``'s weights)."""
-    from scipy.stats import chisquare
-
-    mlx_target = exact_llama(0)
-    params = SamplingParams(temperature=1.0)
-    shape = parse_tree("2x2:sample")
-    counts = np.zeros((EXACT_VOCAB,) * 2)
-    steps = []
-    for seed in range(runs):
-        events = list(generate(target, PROMPT, params, 2, set(), 64, seed, drafter, 4, tree=shape))
-        counts[tuple(emitted(events)[:2])] += 1
-        steps += [e for e in events if isinstance(e, Step) and e.tree]
-    want = target_joint(lambda seqs: np.array(probs(mlx_target(mx.array(seqs, dtype=mx.int32), mlx_target.make_cache())[:, -1],
-                                                    params), dtype=np.float64), PROMPT, EXACT_VOCAB, 2)
-    want = want / want.sum()
-    return chisquare(counts.ravel(), want.ravel() * counts.sum()).pvalue, steps
-
-
 def test_sampled_tree_speculation_samples_the_target_by_chi_square():
     """The engine with a sampling drafter's trees (q in the proposal, the multi-round rule):
     the first two tokens over many seeded runs against the target's exact joint. (A q squared
@@ -628,20 +590,7 @@ def test_sampled_children_need_a_drafter_with_a_distribution():
 
 # ----------------------------------------------------------------------------- the exact distribution
 
-EXACT_VOCAB = 4
-EXACT_CFG = LlamaConfig(vocab_size=EXACT_VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                        intermediate_size=32, tie_embeddings=False)
-PROMPT = [1, 2, 3]
-HORIZON = 3
-EXACT_TV = 1e-5
-
-
-def exact_llama(seed: int) -> Llama:
-    mx.random.seed(seed)
-    m = Llama(EXACT_CFG)
-    m.lm_head.weight = m.lm_head.weight * 1.5  # somewhat peaked, every cell still likely enough to matter
-    mx.eval(m.parameters())
-    return m
+HORIZON = 3  # (tests/exact.py: the 4-token models, PROMPT, EXACT_TV)
 
 
 @dataclass
@@ -818,14 +767,14 @@ def test_the_exact_check_sees_a_broken_tree_step(exact_pair, monkeypatch, broken
     (["--tree", "3x2", "-k", "3"], r"give --k or --tree, not both"),
 ])
 def test_cli_bad_trees_are_one_line_errors(args, message):
-    from test_cli import invoke, one_line_error
+    from helpers import invoke, one_line_error
 
     one_line_error(invoke("generate", "hi", *args), message)
 
 
 @pytest.mark.model
 def test_cli_refuses_a_tree_without_a_drafter_or_room(tmp_path):
-    from test_cli import invoke, one_line_error
+    from helpers import invoke, one_line_error
 
     one_line_error(invoke("generate", "hi", "--tree", "3x2"), r"--tree needs a drafter, and the default for .* is none")
     f = tmp_path / "long.txt"
@@ -838,7 +787,7 @@ def test_cli_refuses_a_tree_without_a_drafter_or_room(tmp_path):
 def test_cli_generate_with_a_tree_streams_its_steps():
     import json
 
-    from test_cli import invoke
+    from helpers import invoke
 
     r = invoke("generate", "List the planets of the solar system.", "--json", "-n", "12", "--draft", "self:24",
                "--tree", "3x2", "--tree-nodes", "8")

@@ -1,4 +1,5 @@
-"""A tiny random llama target and distillation set, for draft tests that need no real model."""
+"""A tiny random llama target and distillation set, and a random eagle head on it, for draft
+tests that need no real model."""
 
 from __future__ import annotations
 
@@ -85,3 +86,22 @@ def save_tiny(tmp_path: Path, target, name: str = "d") -> Path:
     from mlxspec.training.draft import save_draft
 
     return save_draft(tiny_draft(target), tmp_path / name, dtype="float32")
+
+
+def random_head(target, seed: int = 1):
+    """An eagle head with random weights (as tests/test_eagle.py's), so drafts vary."""
+    from mlx.utils import tree_flatten
+
+    from mlxspec.training.eagle import new_head
+
+    head = new_head(target, mx.array(sorted(list(range(0, VOCAB, 2)) + [1])), seed=seed)
+    flat = [(k, mx.random.normal(v.shape) * 0.3) for k, v in tree_flatten(head.parameters())
+            if not k.startswith("lm_head")]
+    head.load_weights(flat, strict=False)
+    mx.eval(head.parameters())
+    return head
+
+
+def features(target, tokens: list[int]) -> mx.array:
+    """The target's last hidden states over ``tokens``: what an eagle head drafts from."""
+    return target.model(mx.array([tokens]), None, return_hidden=True)[1][0]
