@@ -744,7 +744,8 @@ def train_draft(
     from mlxspec.targets.loading import load
     from mlxspec.targets.mlxlm import require_native
     from mlxspec.training import train as tr
-    from mlxspec.training.draft import DraftConfig, tokenizer_fingerprint
+    from mlxspec.core.drafters.draft_model import DraftConfig
+    from mlxspec.targets.folders import tokenizer_fingerprint
 
     if quick:
         prompts, max_new_tokens, head_vocab, layers = 12, 24, 1024, 1
@@ -782,7 +783,8 @@ def _train_eagle(out: Path, model: str, cfg, head_vocab: int, per_category: int,
     from mlxspec.targets.mlxlm import require_native
     from mlxspec.torchpath import backend_spec
     from mlxspec.training import eagle_train as et
-    from mlxspec.training.eagle import new_head, save_head
+    from mlxspec.targets.folders import save_head
+    from mlxspec.training.eagle import new_head
     from mlxspec.training.train import peak_memory_gb
 
     cfg.validate()
@@ -812,7 +814,7 @@ def _train_eagle(out: Path, model: str, cfg, head_vocab: int, per_category: int,
 
         stepper = None
         if spec != "mlx":
-            from mlxspec.torchpath.eagle_train import TorchStepper
+            from mlxspec.training.torch_train import TorchStepper
 
             stepper = TorchStepper(head, cfg, teacher.model)
         history = et.train_head(head, data, rows, cfg, out, resume=resume, on_step=on_step, stepper=stepper)
@@ -849,7 +851,8 @@ def _initial_draft(dcfg, data, data_path: Path, target, seed: int):
     """A fresh draft over the data's head vocabulary, copied from the target when --init target."""
     import mlx.core as mx
 
-    from mlxspec.training.draft import DraftModel, init_from_target
+    from mlxspec.core.drafters.draft_model import DraftModel
+    from mlxspec.training.draft import init_from_target
 
     if len(data.vocab_ids) != dcfg.head_vocab:
         raise MlxspecError(f"{data_path} has a {len(data.vocab_ids)}-token head vocabulary, not {dcfg.head_vocab}")
@@ -964,7 +967,7 @@ def export_draft(
     as `mlx_lm.generate --draft-model OUT`."""
     from mlxspec.targets.loading import load
     from mlxspec.targets.mlxlm import require_native
-    from mlxspec.training.draft import export_mlx_lm, resolve_draft
+    from mlxspec.targets.folders import export_mlx_lm, resolve_draft
 
     _check_out_folder(out)
     target = load(model, "float32")

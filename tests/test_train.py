@@ -6,7 +6,7 @@ from mlx.utils import tree_flatten
 from tiny import tiny_data, tiny_draft, tiny_target
 
 from mlxspec.errors import MlxspecError
-from mlxspec.training.draft import load_draft
+from mlxspec.targets.folders import load_draft
 from mlxspec.training.train import TrainConfig, batch_order, train, trend
 
 
