@@ -29,9 +29,9 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxspec.core.drafters.eagle import EagleHead
 from mlxspec.errors import MlxspecError
-from mlxspec.training import losses as L
 from mlxspec.targets import store
 from mlxspec.targets.folders import save_head
+from mlxspec.training import losses as L
 from mlxspec.training.corpus import build_corpus
 from mlxspec.training.distill import choose_vocab
 from mlxspec.training.features import FeatureSet, build
