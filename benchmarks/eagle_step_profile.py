@@ -16,9 +16,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from mlxspec.targets.loading import load
 from mlxspec.torchpath import backend_spec
-from mlxspec.torchpath.eagle_train import TorchStepper
 from mlxspec.training import eagle_train as et
 from mlxspec.training.eagle import new_head
+from mlxspec.training.torch_train import TorchStepper
 
 
 def main() -> None:

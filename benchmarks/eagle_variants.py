@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 
 from mlxspec.targets import store
+from mlxspec.targets.folders import save_head
 from mlxspec.targets.loading import load
 from mlxspec.torchpath import backend_spec
-from mlxspec.torchpath.eagle_train import TorchStepper
 from mlxspec.training import eagle_train as et
-from mlxspec.training.eagle import new_head, save_head
+from mlxspec.training.eagle import new_head
 from mlxspec.training.features import FeatureSet, build
+from mlxspec.training.torch_train import TorchStepper
 from mlxspec.training.train import peak_memory_gb
 
 PER_CATEGORY, WRITTEN, MORE = 300, 3300, 1000

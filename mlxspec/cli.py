@@ -691,206 +691,32 @@ def train_draft(
     distributions along them are the teacher. --arch eagle: a head that reads the target's hidden
     states, trained on the target's features teacher-forced over a broad offline corpus. Data is
     built once and cached."""
-    import time
+    flags = dict(locals())  # the parameters, one TrainOptions field each
+    from mlxspec.training import run
 
-    if arch == "eagle":
-        from mlxspec.training.eagle_train import EagleTrainConfig
-
-        if quick:
-            examples_per_category, max_examples, head_vocab, steps, batch, context = 2, 22, 1024, 30, 4, 64
-            checkpoint_every, window = 15, 3
-        cfg = EagleTrainConfig(loss=loss, k=window, temp=temp, steps=steps, batch=batch, context=context,
-                               lr=lr or 3e-4, feature_weight=feature_weight, seed=seed,
-                               checkpoint_every=checkpoint_every)
-        summary = _train_eagle(out, model, cfg, head_vocab, examples_per_category, max_examples, resume, quick,
-                               backend, device, target_written)
-        if as_json:
-            _print_json(summary)
-        return
-    if arch != "draft":
-        raise MlxspecError(f"unknown --arch {arch!r}; choose draft or eagle")
-    if backend != "mlx" or device is not None:
-        raise MlxspecError("--backend and --device choose where an eagle head is built and trained; "
-                           "--arch draft trains and distils on MLX")
-    if target_written:
-        raise MlxspecError("--target-written is for --arch eagle; --arch draft always trains on the target's answers")
-    from mlxspec.targets.loading import load
-    from mlxspec.targets.mlxlm import require_native
-    from mlxspec.training import train as tr
-    from mlxspec.training.draft import DraftConfig, tokenizer_fingerprint
-
-    if quick:
-        prompts, max_new_tokens, head_vocab, layers = 12, 24, 1024, 1
-        steps, batch, checkpoint_every, grpo_steps, grpo_group = 40, 4, 20, 4, 4
-    cfg = tr.TrainConfig(loss=loss, k=window, temp=temp, steps=steps, batch=batch, lr=lr or 3e-4,
-                         grpo_steps=grpo_steps if grpo else 0, grpo_group=grpo_group, grpo_reward=grpo_reward,
-                         grpo_contexts=2 if quick else 4, seed=seed, checkpoint_every=checkpoint_every)
-    cfg.validate()
-    _check_out_folder(out)
-    if resume:
-        tr.checkpoint_stage(out)  # fails now, not after the data is built
-    t0 = time.perf_counter()
-    target = load(model, "float32")
-    require_native(target, "train-draft")
-    dcfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=layers,
-                                  hidden_size=hidden, head_vocab=head_vocab, init=init)
-    data, data_path = _distill_data(target, data, prompts, max_new_tokens, head_vocab, seed)
-    draft = _initial_draft(dcfg, data, data_path, target, seed)
-    extra = {"target": target.name, "loss": loss + ("+grpo" if grpo else ""), "data": str(data_path)}
-    history = _train_with_progress(draft, data, cfg, out, target, resume, extra, t0)
-    recipe = _train_recipe(cfg, dcfg, grpo, prompts, max_new_tokens, out)
-    summary = _finish_training(out, recipe, data, cfg, draft, history, time.perf_counter() - t0, extra["loss"])
+    with _progress() as bar:
+        result = run.train_draft(run.TrainOptions(**{k: v for k, v in flags.items() if k != "as_json"}), _reporter(bar))
+    err.print(result.message)
     if as_json:
-        _print_json(summary)
+        _print_json(result.summary)
 
 
-def _train_eagle(out: Path, model: str, cfg, head_vocab: int, per_category: int, max_examples: Optional[int],
-                 resume: bool, quick: bool, backend: str = "mlx", device: Optional[str] = None,
-                 target_written: int = 0) -> dict:
-    """Features (built once, cached; on torch with ``backend``), a fresh head, training under a
-    progress bar, model card."""
-    import time
+def _reporter(bar):
+    """A long run's progress (``training.run.Report``s) on one live ``bar``; on a log (not a
+    terminal) the reports' log lines too, since a bar there is one unreadable line."""
+    task = bar.add_task("", total=None)
+    done = 0
 
-    from mlxspec.targets.loading import load
-    from mlxspec.targets.mlxlm import require_native
-    from mlxspec.torchpath import backend_spec
-    from mlxspec.training import eagle_train as et
-    from mlxspec.training.eagle import new_head, save_head
-    from mlxspec.training.train import peak_memory_gb
+    def show(r) -> None:
+        nonlocal done
+        if r.done < done:  # a new stage starts from zero
+            bar.reset(task)
+        done = r.done
+        bar.update(task, completed=r.done, total=r.total, description=r.stage)
+        if r.log and not err.is_terminal:
+            err.print(r.log)
 
-    cfg.validate()
-    spec = backend_spec(backend, device)
-    _check_out_folder(out)
-    t0 = time.perf_counter()
-    teacher = load(model, "float32", spec)
-    target = teacher.source if spec != "mlx" else teacher  # the head is built and saved as MLX's
-    require_native(target, "train-draft --arch eagle")
-    with _progress() as bar:
-        task = bar.add_task("features", total=None)
-        data = et.prepare_features(teacher, per_category, max_examples, cfg.seed, 128 if quick else 256,
-                                   target_written, progress=lambda stage, i, n: bar.update(
-                                       task, completed=i, total=n, description=stage))
-    head = new_head(target, et.head_vocabulary(data, head_vocab, target), seed=cfg.seed)
-    rows = target.model.model.embed_tokens.weight[head.vocab_ids]
-    with _progress() as bar:
-        task = bar.add_task(f"train eagle {cfg.loss}", total=cfg.steps)
-
-        def on_step(log) -> None:
-            line = (f"eagle {cfg.loss} loss {log.loss:.3f} kl {log.kl:.2f} feat {log.feature:.3f} "
-                    f"acc1 {log.accept_1:.2f} chain {log.chain:.2f}")
-            bar.update(task, completed=log.step, description=line)
-            if not err.is_terminal and (log.step % 10 == 0 or log.step == cfg.steps):  # a log, not a screen
-                err.print(f"step {log.step}/{cfg.steps} {line} {log.positions_per_s:.0f} positions/s "
-                          f"{time.perf_counter() - t0:.0f}s")
-
-        stepper = None
-        if spec != "mlx":
-            from mlxspec.torchpath.eagle_train import TorchStepper
-
-            stepper = TorchStepper(head, cfg, teacher.model)
-        history = et.train_head(head, data, rows, cfg, out, resume=resume, on_step=on_step, stepper=stepper)
-    seconds = time.perf_counter() - t0
-    recipe = (f"mlxspec train-draft --arch eagle --loss {cfg.loss} --window {cfg.k} --temp {cfg.temp:g} "
-              f"--steps {cfg.steps} --batch {cfg.batch} --context {cfg.context} --lr {cfg.lr:g} "
-              f"--feature-weight {cfg.feature_weight:g} --head-vocab {head_vocab} "
-              f"--examples-per-category {per_category}"
-              + (f" --max-examples {max_examples}" if max_examples else "")
-              + (f" --target-written {target_written}" if target_written else "")
-              + (f" --backend {backend}" if backend != "mlx" else "") + f" --seed {cfg.seed} --out {out}")
-    save_head(head, out, card=et.model_card(out.name, recipe, data, cfg, head, history, seconds),
-              extra={"target": target.name, "recipe": recipe})
-    peak = peak_memory_gb()
-    first, last = history[0], history[-1]
-    err.print(f"wrote {out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"
-              f"first-draft acceptance {first.accept_1:.2f} -> {last.accept_1:.2f}; "
-              f"{cfg.k}-chain expected accepted {first.chain:.2f} -> {last.chain:.2f}")
-    return {"out": str(out), "arch": "eagle", "seconds": seconds, "peak_memory_gb": peak, "data": data.meta,
-            "head": head.cfg.to_dict(), "train": cfg.__dict__, "history": [h.__dict__ for h in history]}
-
-
-def _distill_data(target, path: Optional[Path], prompts: int, max_new_tokens: int, head_vocab: int, seed: int):
-    """The distillation set at ``path`` (or the default cache), built first if missing."""
-    from mlxspec.training.train import prepare_data
-
-    with _progress() as bar:
-        task = bar.add_task("data", total=None)
-        return prepare_data(target, path, prompts, max_new_tokens, head_vocab, seed,
-                            progress=lambda stage, i, n: bar.update(task, completed=i, total=n, description=stage))
-
-
-def _initial_draft(dcfg, data, data_path: Path, target, seed: int):
-    """A fresh draft over the data's head vocabulary, copied from the target when --init target."""
-    import mlx.core as mx
-
-    from mlxspec.training.draft import DraftModel, init_from_target
-
-    if len(data.vocab_ids) != dcfg.head_vocab:
-        raise MlxspecError(f"{data_path} has a {len(data.vocab_ids)}-token head vocabulary, not {dcfg.head_vocab}")
-    mx.random.seed(seed)
-    draft = DraftModel(dcfg, mx.array(data.vocab_ids), target.model.model.embed_tokens)
-    if dcfg.init == "target":
-        init_from_target(draft, target.model)
-    return draft
-
-
-def _train_with_progress(draft, data, cfg, out: Path, target, resume: bool, extra: dict, t0: float) -> list:
-    """Run the trainer under a live bar on a terminal; a log (not a terminal) gets a line every
-    10 steps instead, since a bar there is one unreadable line."""
-    import time
-
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    from mlxspec.training.train import train
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]:.4f}  kl {task.fields[kl]:.3f}  "
-                          "E[acc] greedy {task.fields[eal]:.2f} T {task.fields[wtv]:.2f}  {task.fields[tps]:.0f} tok/s"),
-               TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task(f"train {extra['loss']}", total=cfg.steps + cfg.grpo_steps, loss=0.0, kl=0.0,
-                            eal=0.0, wtv=0.0, tps=0.0)
-
-        def progress(h, total: int) -> None:
-            bar.update(task, completed=h.step, loss=h.loss, kl=h.kl, eal=h.eal, wtv=h.wtv, tps=h.tokens_per_s,
-                       description=f"{h.stage} {extra['loss']}")
-            if not err.is_terminal and (h.step % 10 == 0 or h.step == total):
-                err.print(f"{h.stage} step {h.step}/{total} loss {h.loss:.4f} kl {h.kl:.3f} "
-                          f"E[acc] greedy {h.eal:.2f} T {h.wtv:.2f} {h.tokens_per_s:.0f} tok/s "
-                          f"{time.perf_counter() - t0:.0f}s")
-
-        return train(draft, data, cfg, out, target=target, resume=resume, progress=progress, extra=extra)
-
-
-def _train_recipe(cfg, dcfg, grpo: bool, prompts: int, max_new_tokens: int, out: Path) -> str:
-    """The command line that reproduces this run, for the model card (quick settings spelled out)."""
-    return (f"mlxspec train-draft --loss {cfg.loss}"
-            + (f" --grpo --grpo-steps {cfg.grpo_steps} --grpo-group {cfg.grpo_group}" if grpo else "")
-            + f" --layers {dcfg.num_layers} --head-vocab {dcfg.head_vocab} --init {dcfg.init} --window {cfg.k}"
-            f" --temp {cfg.temp:g} --steps {cfg.steps} --batch {cfg.batch} --lr {cfg.lr:g} --prompts {prompts}"
-            f" --max-new-tokens {max_new_tokens} --seed {cfg.seed} --out {out}")
-
-
-def _finish_training(out: Path, recipe: str, data, cfg, draft, history: list, seconds: float, loss: str) -> dict:
-    """Write the model card, say on stderr what improved, and return the run's summary."""
-    from mlxspec.training import train as tr
-
-    peak = tr.peak_memory_gb()
-    (out / "README.md").write_text(tr.model_card(out.name, recipe, data, cfg, draft, history, seconds, peak))
-    summary = {"out": str(out), "loss": loss, "seconds": seconds, "peak_memory_gb": peak,
-               "data": data.meta, "draft": draft.cfg.__dict__, "train": cfg.__dict__,
-               "trend": {a: tr.trend(history, a) for a in ("loss", "kl", "eal", "wtv")},
-               "history": [h.__dict__ for h in history]}
-    (k0, k1), (e0, e1), (w0, w1) = (summary["trend"][a] for a in ("kl", "eal", "wtv"))
-    err.print(f"wrote {out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"
-              f"KL {k0:.3f} -> {k1:.3f}; expected accepted per {cfg.k}-window: greedy {e0:.2f} -> {e1:.2f}, "
-              f"T={cfg.temp:g} {w0:.2f} -> {w1:.2f}")
-    return summary
+    return show
 
 
 @app.command("eval-draft")
@@ -937,7 +763,7 @@ def export_draft(
     as `mlx_lm.generate --draft-model OUT`."""
     from mlxspec.targets.loading import load
     from mlxspec.targets.mlxlm import require_native
-    from mlxspec.training.draft import export_mlx_lm, resolve_draft
+    from mlxspec.targets.folders import export_mlx_lm, resolve_draft
 
     _check_out_folder(out)
     target = load(model, "float32")

@@ -5,7 +5,7 @@ import pytest
 from tiny import tiny_data, tiny_target
 
 from mlxspec.errors import MlxspecError
-from mlxspec.measure.runs import data_dir
+from mlxspec.targets.store import data_dir
 from mlxspec.training.distill import (
     DistillSet,
     batch_arrays,

@@ -10,12 +10,12 @@ from mlxspec.core.engine import generate, generate_plain
 from mlxspec.core.events import Step
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
-from mlxspec.training.draft import (
-    DraftConfig,
+from mlxspec.core.drafters.draft_model import DraftConfig
+from mlxspec.targets.folders import (
     full_head,
     is_draft_folder,
     load_draft,
-    read_config,
+    read_draft_config,
     save_draft,
     tokenizer_fingerprint,
 )
@@ -93,7 +93,7 @@ def test_load_refuses_another_architecture(tmp_path, target):
     meta["draft"]["num_experts"] = 8
     (path / "config.json").write_text(json.dumps(meta))
     with pytest.raises(MlxspecError, match="unknown fields"):
-        read_config(path)
+        read_draft_config(path)
     meta["draft"].pop("num_experts")
     meta["draft"]["num_layers"] = 2  # weights hold one block
     (path / "config.json").write_text(json.dumps(meta))
@@ -170,7 +170,7 @@ def test_export_gives_an_mlx_lm_draft_model(tmp_path, lm, quick_draft):
 
 
 def test_as_llama_scores_head_tokens_as_the_draft_and_others_zero(target):
-    from mlxspec.training.draft import as_llama
+    from mlxspec.targets.folders import as_llama
 
     draft = tiny_draft(target, head_ids=range(0, VOCAB, 4), layers=2)
     plain = as_llama(draft, target)

@@ -152,7 +152,7 @@ def test_the_default_target_decodes_target_only_by_default():
 def test_default_is_target_only_and_the_shipped_drafts_load_by_name(lm):
     from mlxspec.core.drafters.eagle import EagleDrafter
     from mlxspec.targets.drafts import make_drafter
-    from mlxspec.training.draft import DraftModel
+    from mlxspec.core.drafters.draft_model import DraftModel
 
     assert make_drafter("default", lm) is None
     d = make_drafter("smollm2-135m-draft", lm)

@@ -20,7 +20,8 @@ from mlxspec.core.engine import generate
 from mlxspec.core.events import Step
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
-from mlxspec.training.eagle import load_head, new_head, save_head
+from mlxspec.targets.folders import load_head, save_head
+from mlxspec.training.eagle import new_head
 from mlxspec.training.eagle_train import (
     EagleTrainConfig,
     chain_expected_length,
@@ -213,7 +214,7 @@ def test_torch_objectives_and_gradients_equal_mlx(target, loss, lam, temp):
     gradient equal MLX's on the same batch, for each loss, blend weight and temperature."""
     import mlx.nn as nn
 
-    from mlxspec.torchpath import eagle_train as te
+    from mlxspec.training import torch_train as te
     from mlxspec.torchpath.model import EagleHead as TorchHead
 
     torch, tt = torch_twin_target(target)
@@ -244,7 +245,7 @@ def _flat_tree(tree):
 
 def test_torch_training_improves_its_objective_and_resumes_exactly(target, tmp_path):
     torch, tt = torch_twin_target(target)
-    from mlxspec.torchpath.eagle_train import TorchStepper
+    from mlxspec.training.torch_train import TorchStepper
 
     data = tiny_features(target)
     ids = mx.array(sorted(HEAD_IDS))
@@ -330,7 +331,7 @@ def test_make_drafter_finds_an_eagle_folder(target, tmp_path):
 
 
 def test_dummy_path_is_not_an_eagle_folder(tmp_path: Path):
-    from mlxspec.training.eagle import is_head_folder
+    from mlxspec.targets.folders import is_head_folder
 
     assert not is_head_folder(tmp_path)
 

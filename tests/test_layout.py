@@ -1,10 +1,15 @@
-"""The package's shape: no module reaches for another's private names, and no import cycle
-(counting imports inside functions, which only defer a cycle to run time)."""
+"""The package's shape: no module reaches for another's private names, no import cycle
+(counting imports inside functions, which only defer a cycle to run time), the layers import one
+way only, and the two backends' ``ops`` modules export the same names."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mlxspec",)
@@ -104,10 +109,98 @@ def test_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+# Lowest first; a module may import from its own layer or a lower one, never a higher one.
+LAYERS = (
+    ("core", ("mlxspec.core", "mlxspec.runtime", "mlxspec.errors", "mlxspec")),
+    ("torchpath", ("mlxspec.torchpath",)),
+    ("targets", ("mlxspec.targets",)),
+    ("session", ("mlxspec.session",)),
+    ("training", ("mlxspec.training",)),
+    ("measure", ("mlxspec.measure",)),
+    ("faces", ("mlxspec.cli", "mlxspec.serve", "mlxspec.tui")),
+)
+
+
+def layer(module: str) -> int:
+    """The index in ``LAYERS`` of the most specific prefix naming ``module``."""
+    best, depth = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and p.count(".") > depth:
+                best, depth = i, p.count(".")
+    assert best is not None, f"{module} is in no layer"
+    return best
+
+
+def layer_violations(mods: dict[str, ast.Module]) -> list[str]:
+    known = set(mods)
+    return sorted({f"{name} ({LAYERS[layer(name)][0]}) -> {src} ({LAYERS[layer(src)][0]})"
+                   for name, tree in mods.items() for src, _ in imports(name, tree, known)
+                   if layer(src) > layer(name)})
+
+
+def test_layers_import_one_way():
+    """core < torchpath < targets < session < training < measure < faces (cli, serve, tui),
+    imports inside functions included."""
+    bad = layer_violations(modules())
+    assert not bad, "imports from a higher layer:\n" + "\n".join(bad)
+
+
+def signatures(module) -> dict[str, tuple[tuple[str, str], ...] | None]:
+    """Each name of ``module.__all__`` -> its parameters (name, kind) where it has a signature
+    (None for a constant or a compiled function without one, such as ``mx.eval``: nothing to
+    compare there)."""
+    out = {}
+    for n in module.__all__:
+        try:
+            out[n] = tuple((p.name, p.kind.name) for p in inspect.signature(getattr(module, n)).parameters.values())
+        except (TypeError, ValueError):
+            out[n] = None
+    return out
+
+
+def signature_differences(a: dict, b: dict) -> list[str]:
+    diff = [f"only in one: {n}" for n in sorted(set(a) ^ set(b))]
+    diff += [f"{n}: {a[n]} vs {b[n]}" for n in sorted(set(a) & set(b))
+             if a[n] is not None and b[n] is not None and a[n] != b[n]]
+    return diff
+
+
+def test_both_backends_ops_export_the_same_names_and_signatures():
+    """``core.ops`` and ``torchpath.ops`` are the backend seam: the engine and the drafters call
+    either through the same names with the same parameters."""
+    pytest.importorskip("torch")
+    from mlxspec.core import ops as mlx_ops
+    from mlxspec.torchpath import ops as torch_ops
+
+    mlx_names, torch_names = signatures(mlx_ops), signatures(torch_ops)
+    mlx_names.pop("ops_for")  # picks a model's backend; only MLX's module needs it
+    diff = signature_differences(mlx_names, torch_names)
+    assert not diff, "core.ops and torchpath.ops differ:\n" + "\n".join(diff)
+    for module in (mlx_ops, torch_ops):  # what the seam offers is listed
+        public = {n for n in vars(module) if not n.startswith("_") and n not in module.__all__
+                  and getattr(getattr(module, n), "__module__", module.__name__) == module.__name__
+                  and not isinstance(getattr(module, n), type(ast))}
+        assert not public - {"annotations"}, f"{module.__name__} defines {sorted(public)} outside __all__"
+
+
 def test_the_checks_can_fail():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     tree = ast.parse("from mlxspec.core.engine import _secret\n")
     assert ("mlxspec.core.engine", "_secret") in imports("mlxspec.cli", tree, set(modules()))
+    # A lower layer reaching up, even from inside a function, is caught.
+    mods = modules()
+    mods["mlxspec.core.engine"] = ast.parse("def f():\n    from mlxspec.measure import runs\n")
+    assert "mlxspec.core.engine (core) -> mlxspec.measure.runs (measure)" in layer_violations(mods)
+    assert layer("mlxspec") == 0 and layer("mlxspec.session") == 3 and layer("mlxspec.tui.chat.app") == 6
+
+    def tokens(ids, device=None): ...
+
+    a = signatures(SimpleNamespace(__all__=["tokens", "x"], tokens=tokens, x=1))
+    b = signatures(SimpleNamespace(__all__=["tokens"], tokens=lambda ids: ids))
+    assert signature_differences(a, b) == [
+        "only in one: x", "tokens: (('ids', 'POSITIONAL_OR_KEYWORD'), ('device', 'POSITIONAL_OR_KEYWORD')) "
+        "vs (('ids', 'POSITIONAL_OR_KEYWORD'),)"]
 
 
 def test_core_knows_nothing_of_files_measurements_training_or_ui():

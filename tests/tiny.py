@@ -12,7 +12,8 @@ import numpy as np
 
 from mlxspec.core.model import Llama, LlamaConfig
 from mlxspec.training.distill import DistillSet
-from mlxspec.training.draft import DraftConfig, DraftModel, init_from_target
+from mlxspec.core.drafters.draft_model import DraftConfig, DraftModel
+from mlxspec.training.draft import init_from_target
 
 VOCAB = 64
 
@@ -51,7 +52,7 @@ def lively_target(seed: int) -> SimpleNamespace:
 
 
 def tiny_draft(target, head_ids=range(0, VOCAB, 2), layers: int = 1, init: str = "target", seed: int = 0) -> DraftModel:
-    from mlxspec.training.draft import tokenizer_fingerprint
+    from mlxspec.targets.folders import tokenizer_fingerprint
 
     mx.random.seed(seed)
     cfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=layers,
@@ -83,7 +84,7 @@ def tiny_data(target, head_ids=range(0, VOCAB, 2), sequences: int = 12, prompt: 
 
 
 def save_tiny(tmp_path: Path, target, name: str = "d") -> Path:
-    from mlxspec.training.draft import save_draft
+    from mlxspec.targets.folders import save_draft
 
     return save_draft(tiny_draft(target), tmp_path / name, dtype="float32")
 

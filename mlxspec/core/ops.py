@@ -23,6 +23,13 @@ from mlxspec.core.sampling import (child_logprobs, logprobs, node_probs, probs, 
 from mlxspec.core.verify import (greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
                                  tree_greedy_verify, tree_residual_verify, tree_sample_verify)
 
+# The backend seam: ``torchpath/ops.py`` exports the same names with the same parameters
+# (``tests/test_layout.py`` checks), ``ops_for`` apart.
+__all__ = ["async_evaluate", "astype", "child_logprobs", "concatenate", "evaluate", "from_numpy", "greedy_verify",
+           "keep_rows", "key", "logprobs", "name", "node_probs", "node_stats", "ops_for", "pad_vocab", "prefill",
+           "probs", "rejection_verify", "sample", "sample_children", "split", "stack", "synchronize", "tokens",
+           "top_children", "tree_greedy_verify", "tree_residual_verify", "tree_sample_verify"]
+
 name = "mlx"
 evaluate = mx.eval
 async_evaluate = mx.async_eval
@@ -59,7 +66,7 @@ def split(key: mx.array, n: int) -> mx.array:
     return mx.random.split(key, n)
 
 
-def node_stats(logits: mx.array, tokens: mx.array, parents: tuple[int, ...],
+def node_stats(logits: mx.array, ids: mx.array, parents: tuple[int, ...],
                params: Any) -> tuple[mx.array, mx.array, mx.array]:
     """Per node (lazy), from the verify pass's logits over [y, nodes]: the entropy of the
     target's distribution at its parent's row, that distribution's probability of the node's
@@ -69,5 +76,5 @@ def node_stats(logits: mx.array, tokens: mx.array, parents: tuple[int, ...],
     at_parent = lp[rows]
     p = mx.exp(at_parent)
     entropy = -mx.where(p > 0, p * at_parent, 0.0).sum(axis=-1)
-    picked = mx.take_along_axis(at_parent, tokens.astype(mx.int32)[:, None], axis=-1)[:, 0]
+    picked = mx.take_along_axis(at_parent, ids.astype(mx.int32)[:, None], axis=-1)[:, 0]
     return entropy, mx.exp(picked), mx.argmax(at_parent, axis=-1)

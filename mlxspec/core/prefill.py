@@ -3,6 +3,9 @@ one huge attention graph."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import mlx.core as mx
 
 from mlxspec.core.target import Target
@@ -11,21 +14,32 @@ PREFILL_CHUNK = 512
 
 
 def prefill(
-    model: Target, cache: list, tokens: list[int], num_layers: int | None = None, return_hidden: bool = False
+    model: Target, cache: list, ids: list[int], num_layers: int | None = None, return_hidden: bool = False
 ) -> mx.array | tuple[mx.array, mx.array]:
-    """Run the prompt through ``model`` in chunks; return the logits of the last position and,
-    with ``return_hidden``, the hidden states of every position (L, D)."""
+    """Run the prompt ``ids`` through ``model`` in chunks; return the logits of the last
+    position and, with ``return_hidden``, the hidden states of every position (L, D)."""
+    return chunked(model, cache, ids, num_layers, return_hidden, lambda chunk: mx.array([chunk], mx.int32),
+                   mx.concatenate, lambda cache, hidden: mx.eval([c.state for c in cache], hidden))
+
+
+def chunked(model: Any, cache: list, ids: list[int], num_layers: int | None, return_hidden: bool,
+            batch: Callable[[list[int]], Any], concatenate: Callable[[list[Any]], Any],
+            settle: Callable[[list, list], None] | None = None) -> Any:
+    """``prefill`` on any backend: ``batch`` makes a (1, n) token array of a chunk,
+    ``concatenate`` joins the hidden states, ``settle(cache, hidden)`` (MLX: evaluate) runs after
+    each full chunk so a long prompt never builds one huge graph."""
     # Models that cannot return hidden states (a trained draft) are never asked to.
     kw = {"return_hidden": True} if return_hidden else {}
     hidden = []
-    for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
-        out = model(mx.array([tokens[start : start + PREFILL_CHUNK]]), cache, num_layers=num_layers, **kw)
+    tail = len(ids) - (len(ids) - 1) % PREFILL_CHUNK - 1  # the last chunk holds 1..PREFILL_CHUNK ids
+    for start in range(0, tail, PREFILL_CHUNK):
+        out = model(batch(ids[start : start + PREFILL_CHUNK]), cache, num_layers=num_layers, **kw)
         if return_hidden:
             hidden.append(out[1][0])
-        mx.eval([c.state for c in cache], hidden)
-    tail = len(tokens) - (len(tokens) - 1) % PREFILL_CHUNK - 1
-    out = model(mx.array([tokens[tail:]]), cache, num_layers=num_layers, **kw)
+        if settle is not None:
+            settle(cache, hidden)
+    out = model(batch(ids[tail:]), cache, num_layers=num_layers, **kw)
     if not return_hidden:
         return out[0, -1]
     logits, h = out
-    return logits[0, -1], mx.concatenate(hidden + [h[0]])
+    return logits[0, -1], concatenate(hidden + [h[0]])

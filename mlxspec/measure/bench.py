@@ -765,7 +765,8 @@ def mlx_lm_peer(lm, draft: str, drafter) -> Peer:
     from mlxspec.core.drafters import ModelDrafter
     from mlxspec.core.drafters.eagle import EagleDrafter
     from mlxspec.targets.loading import as_mlx_lm
-    from mlxspec.training.draft import DraftModel, as_llama
+    from mlxspec.core.drafters.draft_model import DraftModel
+    from mlxspec.targets.folders import as_llama
 
     if isinstance(drafter, EagleDrafter):
         # mlx-lm cannot run a head that reads the target's features; its best draft here is a

@@ -32,6 +32,7 @@ from typing import Any
 from mlxspec.core.events import Done, Event, Step
 from mlxspec.errors import MlxspecError
 from mlxspec.session import Session
+from mlxspec.targets.store import data_dir  # noqa: F401  (re-exported: measurements read their prompts there)
 
 SCHEMA = 2
 
@@ -320,14 +321,6 @@ def run_header(lm: Any) -> RunHeader:
 
 
 # ----------------------------------------------------------------------------- prompts
-
-
-def data_dir() -> Path:
-    """The shared prompt data: ``$MLXSPEC_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("MLXSPEC_DATA")
-    if env:
-        return Path(env).expanduser()
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:

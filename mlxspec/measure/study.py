@@ -161,7 +161,7 @@ def distilled_on(draft: str) -> set[str] | None:
     name of its data set in its config (``training.train`` names it ...-p<prompts>-...-s<seed>.npz
     and ``distill.training_prompts`` draws them deterministically from the same shared data
     folder); None for other drafters or when its config does not say."""
-    from mlxspec.training.draft import find_draft
+    from mlxspec.targets.folders import find_draft
 
     folder = find_draft(draft)
     if folder is None:

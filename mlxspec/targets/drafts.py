@@ -10,10 +10,9 @@ from mlxspec.core.drafters.eagle import EagleDrafter
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
+from mlxspec.targets.folders import find_draft, find_head, load_draft, load_head
 from mlxspec.targets.loading import check_compatible, load
 from mlxspec.targets.mlxlm import needs_family, require_native
-from mlxspec.training.draft import find_draft, load_draft
-from mlxspec.training.eagle import find_head, load_head
 
 
 def draft_float_dtype(target) -> mx.Dtype:
@@ -36,7 +35,7 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     if spec in ("none", ""):
         return None
     if getattr(target, "backend", "mlx") != "mlx":  # made for the MLX model the weights came from, then moved
-        from mlxspec.torchpath.load import drafter_on_torch
+        from mlxspec.torchpath.load import drafter_on_torch  # imports torch, an optional extra
 
         return drafter_on_torch(make_drafter(spec, target.source, "float32"), target)
     if spec == "default":

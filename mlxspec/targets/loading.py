@@ -7,6 +7,7 @@ weights in the per-device format, the tokenizer, and what we know about it.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 from dataclasses import dataclass, replace
@@ -16,13 +17,17 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from mlx_lm.models.rope_utils import Llama3RoPE
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
 
 from mlxspec.core.model import FREQ_FACTORS, NATIVE_FAMILIES, Llama, LlamaConfig, check_rope_scaling, rope_type
 from mlxspec.errors import MlxspecError, UnsupportedArchitecture
 from mlxspec.runtime import resolve_dtype
-from mlxspec.targets import store
+from mlxspec.targets import mlxlm, store
+from mlxspec.targets.mlxlm import MlxLmTarget
 from mlxspec.targets.tokenizer import tokenizer_from_gguf
+from mlxspec.torchpath import require_torch, split_backend
 
 SUPPORTED_GGUF_ARCHS = ("llama",)
 SUPPORTED_MLX_LM_TYPES = NATIVE_FAMILIES
@@ -237,8 +242,6 @@ def load_gguf(path: Path, dtype: str = "auto") -> tuple[Llama, TokenizerWrapper,
 def _mlx_lm_args(cfg: dict[str, Any]) -> Any:
     """mlx-lm's own ``ModelArgs`` for ``cfg``: its defaults and its checks, so that our module
     reads config.json exactly as mlx-lm's class for the family would."""
-    import importlib
-
     cfg = _lift_rope_parameters(cfg)
     mt = cfg["model_type"]
     if mt == "phi3" and cfg.get("rope_scaling"):
@@ -401,8 +404,6 @@ def _quantization(cfg_dict: dict[str, Any], path: Path) -> dict[str, Any] | None
 def load_folder(path: Path, dtype: str = "auto") -> tuple[Llama, TokenizerWrapper, int]:
     """An mlx-lm / Hugging Face folder (config.json, *.safetensors, tokenizer files).
     Raises ``UnsupportedArchitecture`` for a model type (or RoPE scaling) we do not implement."""
-    from mlx_lm.utils import load_tokenizer
-
     cfg_dict = json.loads((path / "config.json").read_text())
     cfg = config_from_mlx_lm(cfg_dict)
     quantization = _quantization(cfg_dict, path)
@@ -450,11 +451,9 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
     """A target or draft model by ``spec``, on ``backend``: "mlx", or "torch" / "torch:DEVICE"
     (the same weights copied into torch's llama module; ``torchpath.load``)."""
     if backend != "mlx":
-        from mlxspec.torchpath import require_torch, split_backend
-
         device = split_backend(backend)
         require_torch()
-        from mlxspec.torchpath.load import to_torch
+        from mlxspec.torchpath.load import to_torch  # imports torch, an optional extra
 
         return to_torch(load(spec, "float32"), dtype, device)
     dtype = resolve_dtype(dtype)
@@ -464,8 +463,6 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
             model, tok, ctx = load_folder(path, dtype)
         except UnsupportedArchitecture:
             # Not a family we implement: mlx-lm's own class, if it has one, behind the target seam.
-            from mlxspec.targets import mlxlm
-
             model, tok, ctx = mlxlm.load_folder(path, dtype)
     elif path.suffix == ".gguf" or path.read_bytes()[:4] == b"GGUF":
         model, tok, ctx = load_gguf(path, dtype)
@@ -534,10 +531,6 @@ def _quantization_of(model: nn.Module) -> dict[str, Any] | None:
 def to_mlx_lm(model: Llama):
     """The same weights in mlx-lm's own class for the model's family: the reference
     implementation and the peer in benchmarks."""
-    import importlib
-
-    from mlx_lm.models.rope_utils import Llama3RoPE
-
     c = model.cfg
     config = mlx_lm_config(c)
     factors = rope_type(c.rope_scaling) == FREQ_FACTORS
@@ -592,6 +585,4 @@ def check_compatible(target: TokenizerWrapper, draft: TokenizerWrapper) -> None:
 def as_mlx_lm(model) -> nn.Module:
     """``model`` in mlx-lm's own class, for the benchmarks' mlx-lm peer: the module an
     ``MlxLmTarget`` wraps, or our model's weights copied into mlx-lm's class of its family."""
-    from mlxspec.targets.mlxlm import MlxLmTarget
-
     return model.module if isinstance(model, MlxLmTarget) else to_mlx_lm(model)

@@ -25,6 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
 from mlx_lm.models.cache import (
     CacheList,
     KVCache,
@@ -32,7 +33,9 @@ from mlx_lm.models.cache import (
     create_attention_mask,
     make_prompt_cache,
 )
+from mlx_lm.utils import _get_classes, dequantize_model, load_model, load_tokenizer
 
+from mlxspec.core.model import NATIVE_FAMILIES
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 
@@ -56,8 +59,6 @@ class MlxLmConfig:
 
 def native_families() -> str:
     """The model types our own module runs, with every feature."""
-    from mlxspec.core.model import NATIVE_FAMILIES
-
     return ", ".join(NATIVE_FAMILIES)
 
 
@@ -184,8 +185,6 @@ def _config(module: nn.Module, config: dict[str, Any]) -> MlxLmConfig:
 
 def knows(config: dict[str, Any]) -> bool:
     """Whether this mlx-lm has a model class for ``config`` (its own remapping included)."""
-    from mlx_lm.utils import _get_classes
-
     try:
         _get_classes(config)
     except (ValueError, KeyError):
@@ -195,8 +194,6 @@ def knows(config: dict[str, Any]) -> bool:
 
 def unsupported(model_type: Any) -> MlxspecError:
     """Neither our module nor mlx-lm implements ``model_type``: one line saying what does."""
-    import mlx_lm
-
     return MlxspecError(
         f"unsupported architecture {model_type!r}; supported: {native_families()} (every feature), "
         f"or any model type mlx-lm {mlx_lm.__version__} implements (chain speculation only)"
@@ -208,8 +205,6 @@ def _cast(module: nn.Module, dtype: str) -> None:
     ``quantized`` keeps the folder's own format, as our loader does."""
     if dtype == "quantized":
         return
-    from mlx_lm.utils import dequantize_model
-
     if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for m in module.modules()):
         dequantize_model(module)
     module.set_dtype(_FLOATS[dtype])
@@ -218,8 +213,6 @@ def _cast(module: nn.Module, dtype: str) -> None:
 def load_folder(path: Path, dtype: str) -> tuple[MlxLmTarget, Any, int]:
     """An mlx-lm folder of an architecture only mlx-lm implements: (target, tokenizer, context).
     ``dtype`` is resolved already (no ``auto``)."""
-    from mlx_lm.utils import load_model, load_tokenizer
-
     config = json.loads((path / "config.json").read_text())
     if not knows(config):
         raise unsupported(config.get("model_type"))

@@ -50,6 +50,14 @@ def home() -> Path:
     return Path(env).expanduser() if env else Path(user_cache_dir("mlxspec"))
 
 
+def data_dir() -> Path:
+    """The shared prompt data: ``$MLXSPEC_DATA`` or ``<repo>/../shared/data``."""
+    env = os.environ.get("MLXSPEC_DATA")
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
 def _registry() -> dict:
     return json.loads(REGISTRY_PATH.read_text())
 

@@ -245,7 +245,7 @@ def _reduced_twin(module: nn.Module, mlx_module: Any, target: Llama) -> nn.Modul
 
 
 class DraftModel(nn.Module):
-    """``training.draft.DraftModel`` for torch: blocks on the target's embedding table, a head
+    """``core.drafters.draft_model.DraftModel`` for torch: blocks on the target's embedding table, a head
     over a frequency-ranked subset; full-vocabulary logits, -inf outside it."""
 
     ops = ops

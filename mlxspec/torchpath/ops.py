@@ -12,11 +12,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlxspec.core.prefill import PREFILL_CHUNK
+from mlxspec.core.prefill import chunked
 from mlxspec.torchpath.cache import keep_rows  # noqa: F401  (re-exported for the engine)
 from mlxspec.torchpath.sampling import categorical, generator, logprobs, probs, sample, split_key  # noqa: F401
 from mlxspec.torchpath.verify import (greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
                                       tree_greedy_verify, tree_residual_verify, tree_sample_verify)
+
+# ``core.ops``'s names (its ``ops_for`` apart), with the same parameters.
+__all__ = ["async_evaluate", "astype", "child_logprobs", "concatenate", "evaluate", "from_numpy", "greedy_verify",
+           "keep_rows", "key", "logprobs", "name", "node_probs", "node_stats", "pad_vocab", "prefill", "probs",
+           "rejection_verify", "sample", "sample_children", "split", "stack", "synchronize", "tokens",
+           "top_children", "tree_greedy_verify", "tree_residual_verify", "tree_sample_verify"]
 
 name = "torch"
 stack = torch.stack
@@ -42,12 +48,12 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def tokens(ids: Sequence[int] | Any, device: str | torch.device | None = None) -> torch.Tensor:
-    """Token ids (a list, a numpy array or a tensor) as int32 on ``device`` (a tensor's own,
-    else the CPU: the models move their inputs to their device)."""
+def tokens(ids: Sequence[int] | Any) -> torch.Tensor:
+    """Token ids (a list, a numpy array or a tensor) as int32 (a tensor on its own device, else
+    on the CPU: the models move their inputs to their device)."""
     if isinstance(ids, torch.Tensor):
         return ids.to(torch.int32)
-    return torch.as_tensor(np.asarray(ids, dtype=np.int32), device=device)
+    return torch.as_tensor(np.asarray(ids, dtype=np.int32))
 
 
 def from_numpy(a: Any) -> torch.Tensor:
@@ -70,17 +76,7 @@ def prefill(model: Any, cache: list, ids: list[int], num_layers: int | None = No
             return_hidden: bool = False) -> Any:
     """``core.prefill.prefill`` for torch: the prompt in chunks, the last position's logits
     and, with ``return_hidden``, the hidden states of every position (L, D)."""
-    kw = {"return_hidden": True} if return_hidden else {}
-    hidden = []
-    tail = len(ids) - (len(ids) - 1) % PREFILL_CHUNK - 1
-    for start in range(0, tail, PREFILL_CHUNK):
-        out = model(tokens(ids[start : start + PREFILL_CHUNK])[None], cache, num_layers=num_layers, **kw)
-        if return_hidden:
-            hidden.append(out[1][0])
-    out = model(tokens(ids[tail:])[None], cache, num_layers=num_layers, **kw)
-    if not return_hidden:
-        return out[0, -1]
-    return out[0][0, -1], torch.cat(hidden + [out[1][0]])
+    return chunked(model, cache, ids, num_layers, return_hidden, lambda chunk: tokens(chunk)[None], torch.cat)
 
 
 def top_children(logits: torch.Tensor, branch: int) -> torch.Tensor:

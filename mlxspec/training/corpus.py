@@ -25,6 +25,7 @@ A source whose package is not installed is skipped with a warning and reported i
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import random
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlxspec.targets.store import data_dir
 from mlxspec.training.distill import benchmark_texts, is_benchmark, normalise
 
 CATEGORIES = ("chat", "qa", "writing", "roleplay", "extraction", "translation", "summarization",
@@ -1108,17 +1110,13 @@ def missing_sources(stats: dict[str, int]) -> list[str]:
 
 
 def _main(argv: Iterable[str] | None = None) -> None:
-    import argparse
-
-    from mlxspec.measure.runs import data_dir as default_data_dir
-
     ap = argparse.ArgumentParser(description="Build the draft-training corpus and print its stats.")
     ap.add_argument("--limit", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None, help="write the examples as JSONL")
     a = ap.parse_args(list(argv) if argv is not None else None)
-    exs, stats = build_corpus(a.data_dir or default_data_dir(), a.limit, a.seed)
+    exs, stats = build_corpus(a.data_dir or data_dir(), a.limit, a.seed)
     for k in sorted(stats):
         print(f"{k}\t{stats[k]}")
     if a.out:

@@ -24,8 +24,12 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.generate import batch_generate
+from mlx_lm.sample_utils import make_sampler
 
 from mlxspec.errors import MlxspecError
+from mlxspec.targets.loading import to_mlx_lm
+from mlxspec.targets.tokenizer import encode_prompt
 
 OWN_PROMPTS = Path(__file__).with_name("distill_prompts.txt")
 MAX_PROMPT_TOKENS = 256  # contexts are left-truncated: long prompts would dominate training cost
@@ -179,11 +183,6 @@ def generate_continuations(target, prompts: list[list[int]], max_new: int, temp:
                            batch: int = 64, progress: Callable[[int, int], None] | None = None) -> list[list[int]]:
     """The target's continuations, batched with mlx-lm's ``batch_generate`` (one batch of B
     sequences costs about as much as a few single ones on this CPU)."""
-    from mlx_lm.generate import batch_generate
-    from mlx_lm.sample_utils import make_sampler
-
-    from mlxspec.targets.loading import to_mlx_lm
-
     ref = to_mlx_lm(target.model)
     mx.random.seed(seed)
     out: list[list[int]] = []
@@ -214,8 +213,6 @@ def build(target, prompts: list[dict[str, str]], max_new: int, head_vocab: int, 
           greedy_share: float = 0.5, progress: Callable[[str, int, int], None] | None = None) -> DistillSet:
     """Prompts -> chat-templated ids -> target continuations (a ``greedy_share`` of prompts
     greedy, the rest sampled at T=1, so the draft sees both decoding regimes) -> teacher."""
-    from mlxspec.targets.tokenizer import encode_prompt
-
     if not prompts:
         raise MlxspecError("no training prompts (is ../shared/data there? set MLXSPEC_DATA)")
     t0 = time.perf_counter()

@@ -29,10 +29,14 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxspec.core.drafters.eagle import EagleHead
 from mlxspec.errors import MlxspecError
+from mlxspec.targets import store
+from mlxspec.targets.folders import save_head
 from mlxspec.training import losses as L
-from mlxspec.training.eagle import save_head
-from mlxspec.training.features import FeatureSet
+from mlxspec.training.corpus import build_corpus
+from mlxspec.training.distill import choose_vocab
+from mlxspec.training.features import FeatureSet, build
 from mlxspec.training.train import batch_order, warmup_cosine
+from mlxspec.training.written import written_examples
 
 LOSSES = ("kl", "eal", "wtv")
 CHECKPOINT = "checkpoint"
@@ -188,7 +192,7 @@ def objectives(head: EagleHead, batch: dict[str, mx.array], cfg: EagleTrainConfi
 
 class MlxStepper:
     """Optimiser steps of the head on MLX. A stepper owns the optimiser; ``train_head`` owns the
-    loop, the batches, the log and the checkpoints (``torchpath/eagle_train.py`` has the torch
+    loop, the batches, the log and the checkpoints (``torch_train.py`` has the torch
     twin: the same objectives, ~2.5x the positions per second on this CPU)."""
 
     name = "mlx"
@@ -268,7 +272,7 @@ def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: E
                stepper: Any = None) -> list[EagleStepLog]:
     """Train ``head`` in place on ``data``; ``teacher_rows`` are the target's head rows for the
     head's vocabulary (frozen). Checkpoints to ``out``; ``resume`` continues exactly. The steps
-    run on ``stepper`` (default ``MlxStepper(head, cfg)``; ``torchpath.eagle_train.TorchStepper``
+    run on ``stepper`` (default ``MlxStepper(head, cfg)``; ``torch_train.TorchStepper``
     runs them on torch)."""
     cfg.validate()
     mx.random.seed(cfg.seed)
@@ -297,10 +301,7 @@ def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: E
 
 def corpus_examples(per_category: int, seed: int) -> tuple[list, dict[str, int]]:
     """The broad corpus (``corpus.py``), categories interleaved so any prefix is balanced."""
-    from mlxspec.measure.runs import data_dir
-    from mlxspec.training.corpus import build_corpus
-
-    examples, stats = build_corpus(data_dir(), per_category, seed=seed)
+    examples, stats = build_corpus(store.data_dir(), per_category, seed=seed)
     pools: dict[str, list] = {}
     for e in examples:
         pools.setdefault(e.category, []).append(e)
@@ -314,10 +315,6 @@ def prepare_features(target, per_category: int, max_examples: int | None, seed: 
     """Teacher-forced target features over the corpus (the first ``max_examples`` of it, when
     given, categories still balanced) and over the target's own answers to the first
     ``target_written`` of its prompts (``written.py``), cached in ``$MLXSPEC_HOME/eagle-data``."""
-    from mlxspec.targets import store
-    from mlxspec.training.features import build
-    from mlxspec.training.written import written_examples
-
     if per_category < 1 or (max_examples is not None and max_examples < 1) or target_written < 0:
         raise MlxspecError("--examples-per-category and --max-examples must be >= 1, --target-written >= 0")
     examples, _ = corpus_examples(per_category, seed)
@@ -344,8 +341,6 @@ def prepare_features(target, per_category: int, max_examples: int | None, seed: 
 def head_vocabulary(data: FeatureSet, size: int, target) -> mx.array:
     """The ``size`` tokens the target most often emits in the data (its argmax at response
     positions, plus the response tokens themselves); end-of-turn tokens always included."""
-    from mlxspec.training.distill import choose_vocab
-
     resp = np.concatenate([np.arange(o + s, o + n) for o, s, n in
                            zip(data.offsets[:-1], data.response_start, data.lengths)])
     seqs = [data.argmax[resp], data.tokens[resp]]

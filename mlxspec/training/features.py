@@ -27,6 +27,7 @@ import numpy as np
 
 from mlxspec.core.ops import ops_for
 from mlxspec.errors import MlxspecError
+from mlxspec.targets.tokenizer import encode_prompt
 
 MAX_TOKENS = 256  # per example: long enough for multi-sentence answers, short enough to batch
 SHARD = 64  # examples per saved shard
@@ -89,8 +90,6 @@ class FeatureSet:
 def encode_example(tokenizer, prompt: str, response: str, max_tokens: int = MAX_TOKENS) -> tuple[list[int], int]:
     """Chat-templated ids of a user turn and the assistant's response, and where the response
     starts. The prompt is cut from the left when the example is too long."""
-    from mlxspec.targets.tokenizer import encode_prompt
-
     head = encode_prompt(tokenizer, [{"role": "user", "content": prompt}])
     body = tokenizer.encode(response, add_special_tokens=False) + list(tokenizer.eos_token_ids)[:1]
     body = body[: max_tokens // 2] if len(head) > max_tokens // 2 else body[: max_tokens - len(head)]
@@ -108,7 +107,7 @@ def teacher_pass(model, seqs: Sequence[list[int]]) -> list[tuple[np.ndarray, np.
     for i, s in enumerate(seqs):
         batch[i, : len(s)] = s
     if ops_for(model).name == "torch":
-        from mlxspec.torchpath.model import teacher_outputs
+        from mlxspec.torchpath.model import teacher_outputs  # imports torch, an optional extra
 
         h, lse, am = teacher_outputs(model, batch)
     else:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -23,10 +25,13 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import KVCache
 
+from mlxspec.core.drafters.draft_model import DraftModel
 from mlxspec.errors import MlxspecError
+from mlxspec.runtime import backend_description
+from mlxspec.targets.folders import read_draft_config, save_draft
+from mlxspec.targets.store import data_dir, home
 from mlxspec.training import losses as L
-from mlxspec.training.distill import DistillSet, batch_arrays
-from mlxspec.training.draft import DraftModel, read_config, save_draft
+from mlxspec.training.distill import DistillSet, batch_arrays, build, training_prompts
 
 LOSSES = ("kl", "eal", "wtv")
 CHECKPOINT = "checkpoint"
@@ -124,7 +129,7 @@ def _load_checkpoint(out: Path, draft: DraftModel, opt: optim.Optimizer, cfg: Tr
     ck = out / CHECKPOINT
     if not (ck / "state.json").is_file():
         raise MlxspecError(f"--resume: no checkpoint in {out}")
-    saved_cfg, _ = read_config(ck)
+    saved_cfg, _ = read_draft_config(ck)
     if saved_cfg != draft.cfg:
         diff = [f.name for f in fields(saved_cfg) if getattr(saved_cfg, f.name) != getattr(draft.cfg, f.name)]
         raise MlxspecError(f"--resume: the checkpoint in {out} is another architecture (differs in {', '.join(diff)})")
@@ -343,17 +348,12 @@ def trend(history: list[StepLog], attr: str, stage: str = "distill", frac: float
 
 
 def default_data_path(target_name: str, prompts: int, max_new: int, head_vocab: int, seed: int) -> Path:
-    from mlxspec.targets.store import home
-
     return home() / "distill" / f"{target_name}-p{prompts}-n{max_new}-v{head_vocab}-s{seed}.npz"
 
 
 def prepare_data(target, path: Path | None, prompts: int, max_new: int, head_vocab: int, seed: int,
                  progress: Callable[[str, int, int], None] | None = None) -> tuple[DistillSet, Path]:
     """Load the distillation set at ``path``, or build it there (generation + teacher pass)."""
-    from mlxspec.measure.runs import data_dir
-    from mlxspec.training.distill import build, training_prompts
-
     if prompts < 1 or max_new < 1:
         raise MlxspecError("--prompts and --max-new-tokens must be >= 1")
     path = path or default_data_path(target.name, prompts, max_new, head_vocab, seed)
@@ -372,9 +372,6 @@ def prepare_data(target, path: Path | None, prompts: int, max_new: int, head_voc
 
 def peak_memory_gb() -> float:
     """Peak resident memory of this process (what the 8 GB budget is about)."""
-    import resource
-    import sys
-
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1 << 30) if sys.platform == "darwin" else rss / (1 << 20)
 
@@ -408,6 +405,4 @@ A draft model for `{m.get('target')}` trained by mlxspec with the `{loss}` objec
 
 
 def _machine() -> str:
-    from mlxspec.runtime import backend_description
-
     return backend_description()

@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mlxspec.core.ops import ops_for
+from mlxspec.targets.tokenizer import encode_prompt
 from mlxspec.training.corpus import Example
+from mlxspec.training.distill import generate_continuations
 
 SHARD = 128  # prompts per cached file
 BATCH = 64  # rows per generation batch (similar prompt lengths together)
@@ -27,21 +29,17 @@ SUFFIX = " (target)"  # a written example's category: its prompt's, marked
 def _continuations(teacher, prompts: list[list[int]], max_new: int, temp: float, seed: int) -> list[list[int]]:
     stop = list(teacher.tokenizer.eos_token_ids)
     if ops_for(teacher.model).name == "torch":
-        from mlxspec.torchpath.generate import generate
+        from mlxspec.torchpath.generate import generate  # imports torch, an optional extra
 
         out = []
         for i in range(0, len(prompts), BATCH):
             out += generate(teacher.model, prompts[i : i + BATCH], max_new, temp, seed + i, stop)
         return out
-    from mlxspec.training.distill import generate_continuations
-
     conts = generate_continuations(teacher, prompts, max_new, temp, seed, batch=BATCH)
     return [c[: next((j for j, t in enumerate(c) if t in stop), len(c))] for c in conts]
 
 
 def _write_shard(teacher, examples: Sequence[Example], max_new: int, seed: int, max_prompt: int) -> list[dict]:
-    from mlxspec.targets.tokenizer import encode_prompt
-
     ids = [encode_prompt(teacher.tokenizer, e.prompt)[-max_prompt:] for e in examples]
     answers: dict[int, list[int]] = {}
     for mode, temp in (("greedy", 0.0), ("T1", 1.0)):

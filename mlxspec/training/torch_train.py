@@ -1,7 +1,7 @@
-"""Training an eagle head on torch: the twin of ``training/eagle_train.py``'s objectives and its
-optimiser step, for ``train_head(..., stepper=TorchStepper(head, cfg, torch_target))``.
+"""Training an eagle head on torch: the twin of ``eagle_train.py``'s objectives and its optimiser
+step, for ``train_head(..., stepper=TorchStepper(head, cfg, torch_target))``.
 
-The loop, batches, log and checkpoints stay in ``training/eagle_train.py``; this trains the
+The loop, batches, log and checkpoints stay in ``eagle_train.py``; this trains the
 head's torch twin (``torchpath.model.EagleHead``, built ``from_mlx``) and copies the weights
 back into the MLX head whenever it is saved. The objectives are the MLX ones term for term
 (``tests/test_eagle.py`` checks the values and gradients against them); the optimiser is

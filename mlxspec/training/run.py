@@ -1,0 +1,267 @@
+"""``mlxspec train-draft`` behind one entry point: ``train_draft(TrainOptions(...), progress)``.
+
+The options record holds every flag of the command, named as the flag is (``head_vocab`` is
+``--head-vocab``); ``resolved`` applies ``--quick`` and the defaults that depend on others, and
+the model card's reproduction recipe is rendered from the resolved record (``recipe``), so a
+flag is spelled in one place. Progress goes to one callback as ``Report``s: a bar's state, and
+now and then a line worth keeping in a log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from mlxspec.core.drafters.draft_model import DraftConfig, DraftModel
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.folders import save_head, tokenizer_fingerprint
+from mlxspec.targets.loading import load
+from mlxspec.targets.mlxlm import require_native
+from mlxspec.torchpath import backend_spec
+from mlxspec.training import eagle_train as et
+from mlxspec.training import train as tr
+from mlxspec.training.draft import init_from_target
+from mlxspec.training.eagle import new_head
+
+DEFAULT_LR = 3e-4
+ARCHS = ("draft", "eagle")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """What ``train-draft`` was asked for; a field's name is its flag's (``_`` for ``-``)."""
+
+    out: Path
+    model: str = "default"
+    arch: str = "draft"
+    loss: str = "wtv"
+    # --arch draft
+    grpo: bool = False
+    grpo_steps: int = 60
+    grpo_group: int = 8
+    grpo_reward: str = "auto"
+    layers: int = 2
+    hidden: int | None = None
+    init: str = "target"
+    prompts: int = 320
+    max_new_tokens: int = 96
+    data: Path | None = None
+    # both
+    head_vocab: int = 8192
+    window: int = 5
+    temp: float = 1.0
+    steps: int = 400
+    batch: int = 8
+    lr: float | None = None  # None: DEFAULT_LR
+    resume: bool = False
+    checkpoint_every: int = 100
+    seed: int = 0
+    quick: bool = False
+    # --arch eagle
+    examples_per_category: int = 300
+    max_examples: int | None = None
+    target_written: int = 0
+    feature_weight: float = 0.5
+    context: int = 192
+    backend: str = "mlx"
+    device: str | None = None
+
+    def resolved(self) -> TrainOptions:
+        """The options a run uses: the flags that do not apply refused, ``--quick``'s CI-sized
+        settings in place of the ones they stand for, the learning rate's default filled in."""
+        o = replace(self, lr=self.lr or DEFAULT_LR)
+        if o.arch == "eagle":
+            if o.quick:
+                o = replace(o, examples_per_category=2, max_examples=22, head_vocab=1024, steps=30, batch=4,
+                            context=64, checkpoint_every=15, window=3)
+            return o
+        if o.arch != "draft":
+            raise MlxspecError(f"unknown --arch {o.arch!r}; choose {' or '.join(ARCHS)}")
+        if o.backend != "mlx" or o.device is not None:
+            raise MlxspecError("--backend and --device choose where an eagle head is built and trained; "
+                               "--arch draft trains and distils on MLX")
+        if o.target_written:
+            raise MlxspecError("--target-written is for --arch eagle; --arch draft always trains on the target's answers")
+        if o.quick:
+            o = replace(o, prompts=12, max_new_tokens=24, head_vocab=1024, layers=1, steps=40, batch=4,
+                        checkpoint_every=20, grpo_steps=4, grpo_group=4)
+        return o
+
+    def draft_train_config(self) -> tr.TrainConfig:
+        return tr.TrainConfig(loss=self.loss, k=self.window, temp=self.temp, steps=self.steps, batch=self.batch,
+                              lr=self.lr, grpo_steps=self.grpo_steps if self.grpo else 0, grpo_group=self.grpo_group,
+                              grpo_reward=self.grpo_reward, grpo_contexts=2 if self.quick else 4, seed=self.seed,
+                              checkpoint_every=self.checkpoint_every)
+
+    def eagle_train_config(self) -> et.EagleTrainConfig:
+        return et.EagleTrainConfig(loss=self.loss, k=self.window, temp=self.temp, steps=self.steps, batch=self.batch,
+                                   context=self.context, lr=self.lr, feature_weight=self.feature_weight,
+                                   seed=self.seed, checkpoint_every=self.checkpoint_every)
+
+
+# The model card's recipe per architecture: the fields it spells out, in order. A field is shown
+# always, only when it differs from its default ("changed"), or only when another field is set.
+ALWAYS, CHANGED = "always", "changed"
+RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
+    "draft": (("arch", CHANGED), ("loss", ALWAYS), ("grpo", CHANGED), ("grpo_steps", "grpo"),
+              ("grpo_group", "grpo"), ("layers", ALWAYS), ("head_vocab", ALWAYS), ("init", ALWAYS),
+              ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS), ("batch", ALWAYS), ("lr", ALWAYS),
+              ("prompts", ALWAYS), ("max_new_tokens", ALWAYS), ("seed", ALWAYS), ("out", ALWAYS)),
+    "eagle": (("arch", CHANGED), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS),
+              ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("feature_weight", ALWAYS),
+              ("head_vocab", ALWAYS), ("examples_per_category", ALWAYS), ("max_examples", CHANGED),
+              ("target_written", CHANGED), ("backend", CHANGED), ("seed", ALWAYS), ("out", ALWAYS)),
+}
+
+
+def recipe(opts: TrainOptions) -> str:
+    """The command line that reproduces a run, for the model card: ``opts`` resolved, so
+    ``--quick``'s settings are spelled out."""
+    defaults = {f.name: f.default for f in fields(TrainOptions)}
+    words = ["mlxspec train-draft"]
+    for name, shown in RECIPES[opts.arch]:
+        value = getattr(opts, name)
+        if (shown == CHANGED and value == defaults[name]) or (shown not in (ALWAYS, CHANGED) and not getattr(opts, shown)):
+            continue
+        flag = "--" + name.replace("_", "-")
+        words.append(flag if value is True else f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
+    return " ".join(words)
+
+
+@dataclass(frozen=True)
+class Report:
+    """Where a run is: ``stage`` (what the bar says), ``done`` of ``total`` (None: unknown yet),
+    and, every few steps, ``log``: a line for a log (a bar on a terminal says it already)."""
+
+    stage: str
+    done: int = 0
+    total: int | None = None
+    log: str | None = None
+
+
+Progress = Callable[[Report], None]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The run's summary (``--json``) and what to tell the user it did."""
+
+    summary: dict[str, Any]
+    message: str
+
+
+def train_draft(opts: TrainOptions, progress: Progress | None = None) -> TrainResult:
+    """Train a draft (``--arch draft``: self-distillation, then optionally GRPO) or an eagle head
+    (``--arch eagle``: on the target's features over the offline corpus) into ``opts.out``,
+    model card included. Bad options are refused before anything is loaded."""
+    opts = opts.resolved()
+    report = progress or (lambda r: None)
+    return _train_eagle(opts, report) if opts.arch == "eagle" else _train_draft(opts, report)
+
+
+def _check_out_folder(out: Path) -> None:
+    """Refuse a ``--out`` folder that is a file now, before minutes of work, not after."""
+    if out.exists() and not out.is_dir():
+        raise MlxspecError(f"--out {out} is a file; give a folder")
+
+
+def _every_10(step: int, total: int) -> bool:
+    return step % 10 == 0 or step == total
+
+
+def _train_draft(opts: TrainOptions, report: Progress) -> TrainResult:
+    cfg = opts.draft_train_config()
+    cfg.validate()
+    _check_out_folder(opts.out)
+    if opts.resume:
+        tr.checkpoint_stage(opts.out)  # fails now, not after the data is built
+    t0 = time.perf_counter()
+    target = load(opts.model, "float32")
+    require_native(target, "train-draft")
+    dcfg = DraftConfig.for_target(target.config, tokenizer_fingerprint(target.tokenizer), num_layers=opts.layers,
+                                  hidden_size=opts.hidden, head_vocab=opts.head_vocab, init=opts.init)
+    report(Report("data"))
+    data, data_path = tr.prepare_data(target, opts.data, opts.prompts, opts.max_new_tokens, opts.head_vocab, opts.seed,
+                                      progress=lambda stage, i, n: report(Report(stage, i, n)))
+    if len(data.vocab_ids) != dcfg.head_vocab:
+        raise MlxspecError(f"{data_path} has a {len(data.vocab_ids)}-token head vocabulary, not {dcfg.head_vocab}")
+    mx.random.seed(opts.seed)
+    draft = DraftModel(dcfg, mx.array(data.vocab_ids), target.model.model.embed_tokens)
+    if dcfg.init == "target":
+        init_from_target(draft, target.model)
+    loss = cfg.loss + ("+grpo" if opts.grpo else "")
+    extra = {"target": target.name, "loss": loss, "data": str(data_path)}
+
+    def on_step(h: tr.StepLog, total: int) -> None:
+        line = (f"loss {h.loss:.4f} kl {h.kl:.3f} E[acc] greedy {h.eal:.2f} T {h.wtv:.2f} "
+                f"{h.tokens_per_s:.0f} tok/s")
+        report(Report(f"{h.stage} {loss} {line}", h.step, total,
+                      f"{h.stage} step {h.step}/{total} {line} {time.perf_counter() - t0:.0f}s"
+                      if _every_10(h.step, total) else None))
+
+    report(Report(f"train {loss}", 0, cfg.steps + cfg.grpo_steps))
+    history = tr.train(draft, data, cfg, opts.out, target=target, resume=opts.resume, progress=on_step, extra=extra)
+    seconds = time.perf_counter() - t0
+    peak = tr.peak_memory_gb()
+    (opts.out / "README.md").write_text(tr.model_card(opts.out.name, recipe(opts), data, cfg, draft, history,
+                                                      seconds, peak))
+    summary = {"out": str(opts.out), "loss": loss, "seconds": seconds, "peak_memory_gb": peak,
+               "data": data.meta, "draft": draft.cfg.__dict__, "train": cfg.__dict__,
+               "trend": {a: tr.trend(history, a) for a in ("loss", "kl", "eal", "wtv")},
+               "history": [h.__dict__ for h in history]}
+    (k0, k1), (e0, e1), (w0, w1) = (summary["trend"][a] for a in ("kl", "eal", "wtv"))
+    message = (f"wrote {opts.out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"
+               f"KL {k0:.3f} -> {k1:.3f}; expected accepted per {cfg.k}-window: greedy {e0:.2f} -> {e1:.2f}, "
+               f"T={cfg.temp:g} {w0:.2f} -> {w1:.2f}")
+    return TrainResult(summary, message)
+
+
+def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
+    """Features (built once, cached; on torch with ``--backend``), a fresh head, training, model
+    card."""
+    cfg = opts.eagle_train_config()
+    cfg.validate()
+    spec = backend_spec(opts.backend, opts.device)
+    _check_out_folder(opts.out)
+    t0 = time.perf_counter()
+    teacher = load(opts.model, "float32", spec)
+    target = teacher.source if spec != "mlx" else teacher  # the head is built and saved as MLX's
+    require_native(target, "train-draft --arch eagle")
+    report(Report("features"))
+    data = et.prepare_features(teacher, opts.examples_per_category, opts.max_examples, cfg.seed,
+                               128 if opts.quick else 256, opts.target_written,
+                               progress=lambda stage, i, n: report(Report(stage, i, n)))
+    head = new_head(target, et.head_vocabulary(data, opts.head_vocab, target), seed=cfg.seed)
+    rows = target.model.model.embed_tokens.weight[head.vocab_ids]
+
+    def on_step(log: et.EagleStepLog) -> None:
+        line = (f"eagle {cfg.loss} loss {log.loss:.3f} kl {log.kl:.2f} feat {log.feature:.3f} "
+                f"acc1 {log.accept_1:.2f} chain {log.chain:.2f}")
+        report(Report(line, log.step, cfg.steps,
+                      f"step {log.step}/{cfg.steps} {line} {log.positions_per_s:.0f} positions/s "
+                      f"{time.perf_counter() - t0:.0f}s" if _every_10(log.step, cfg.steps) else None))
+
+    stepper = None
+    if spec != "mlx":
+        from mlxspec.training.torch_train import TorchStepper  # imports torch, an optional extra
+
+        stepper = TorchStepper(head, cfg, teacher.model)
+    report(Report(f"train eagle {cfg.loss}", 0, cfg.steps))
+    history = et.train_head(head, data, rows, cfg, opts.out, resume=opts.resume, on_step=on_step, stepper=stepper)
+    seconds = time.perf_counter() - t0
+    command = recipe(opts)
+    save_head(head, opts.out, card=et.model_card(opts.out.name, command, data, cfg, head, history, seconds),
+              extra={"target": target.name, "recipe": command})
+    peak = tr.peak_memory_gb()
+    first, last = history[0], history[-1]
+    message = (f"wrote {opts.out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"
+               f"first-draft acceptance {first.accept_1:.2f} -> {last.accept_1:.2f}; "
+               f"{cfg.k}-chain expected accepted {first.chain:.2f} -> {last.chain:.2f}")
+    summary = {"out": str(opts.out), "arch": "eagle", "seconds": seconds, "peak_memory_gb": peak, "data": data.meta,
+               "head": head.cfg.to_dict(), "train": cfg.__dict__, "history": [h.__dict__ for h in history]}
+    return TrainResult(summary, message)
