@@ -3,6 +3,11 @@
 MLX is lazy: each step builds its graph and the host waits once, for the values the next
 decision needs. The loop calls its arrays' operations through ``ops`` (``core.ops`` for MLX,
 ``torchpath.ops`` for a torch target), so the same loop drives either backend.
+
+Invariant: the target cache holds every committed token but the last, ``y``. A step feeds
+[y, d_1..d_m] in one pass; row i of its logits judges d_{i+1} and row m gives the bonus. A
+tree's nodes go in the same pass, each seeing only its ancestors, and afterwards the cache
+keeps just the accepted path's rows.
 """
 
 from __future__ import annotations
@@ -207,31 +212,15 @@ def _step_tokens(kept: list[int], refused: list[int], y: int, stop_ids: set[int]
     return tokens, stop
 
 
-def generate(
-    model: Target,
-    prompt: list[int],
-    params: SamplingParams,
-    max_tokens: int,
-    stop_ids: set[int],
-    context: int,
-    seed: int = 0,
-    drafter: Drafter | None = None,
-    k: int | KPolicy = 4,
-    kept: PromptCache | None = None,
-    tree: TreeShape | None = None,
-    node_stats: bool = False,
-) -> Iterator[Event]:
+def generate(model: Target, prompt: list[int], params: SamplingParams, max_tokens: int, stop_ids: set[int],
+             context: int, seed: int = 0, drafter: Drafter | None = None, k: int | KPolicy = 4,
+             kept: PromptCache | None = None, tree: TreeShape | None = None,
+             node_stats: bool = False) -> Iterator[Event]:
     """Speculative decoding with ``drafter`` (target-only decoding without one), drafting ``k``
     tokens a step, or as many as a ``KPolicy`` asks for each step, or a ``tree`` of that shape.
-
-    Invariant: the target cache holds every committed token but the last, ``y``. A step feeds
-    [y, d_1..d_m] in one pass; row i of its logits judges d_{i+1} and row m gives the bonus.
-    A tree's nodes go in the same pass, each seeing only its ancestors, and afterwards the
-    cache keeps just the accepted path's rows. ``kept``: a cache from an earlier call (a
-    chat's last turn) to reuse, and to leave this call's cache in, with the hidden states of
-    its tokens when the drafter reads them. ``node_stats``: give every step's tree its
-    ``NodeStats`` (for ``mlxspec study``; off, nothing of it is computed).
-    """
+    ``kept``: a cache from an earlier call (a chat's last turn) to reuse, and to leave this
+    call's cache in, with the hidden states of its tokens when the drafter reads them.
+    ``node_stats``: give every step's tree its ``NodeStats`` (for ``mlxspec study``)."""
     if drafter is None:
         yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept)
         return
@@ -242,62 +231,33 @@ def generate(
     ops = ops_for(model)
     t0 = time.perf_counter()
     cache, prompt_hidden = _start(ops, model, drafter, prompt, kept)
-    history, y = list(prompt), prompt[-1]
+    history, key = list(prompt), ops.key(seed)  # the cache holds history[:-1]
     # the hidden states of what the cache holds, for ``kept``, when the drafter reads them
     held_hidden = [prompt_hidden] if kept is not None and prompt_hidden is not None else None
-    key = ops.key(seed)
-    emitted, accepted_lengths = 0, []
-    t_first = None
-
+    emitted, accepted_lengths, t_first = 0, [], None
     try:
         while emitted < limit:
             key, draft_key, verify_key = ops.split(key, 3)
             # Never draft past what may still be emitted: the verify pass adds one token itself.
             room = max(0, min(tree.depth if tree else policy.next_k(), limit - emitted - 1))
-
             t_step = time.perf_counter()
-            if tree is None:
-                proposal = drafter.propose(history, room, params, draft_key)
-            else:
-                proposal = drafter.propose_tree(history, tree.cut(room), params, draft_key,
-                                                **({"draft_probs": True} if node_stats else {}))
-            ops.evaluate(proposal.tokens, proposal.q, proposal.node_q)  # a sync of its own only so draft and verify time are reported apart
+            proposal = _draft(ops, drafter, history, room, tree, params, draft_key, node_stats)
             t_drafted = time.perf_counter()
-
-            # decided: how many drafts a chain keeps, or the last accepted node of a tree
-            if proposal.is_chain:
-                decided, nxt, hidden, logits = _verify(ops, model, cache, y, proposal, params, verify_key,
-                                                       drafter.wants_hidden)
-            else:
-                decided, nxt, hidden, logits = _verify_tree(ops, model, cache, len(history) - 1, y, proposal,
-                                                            params, verify_key, drafter.wants_hidden)
-            stats = ops.node_stats(logits, proposal.tokens, proposal.parents, params) if node_stats and proposal.parents else ()
-            ops.evaluate(decided, nxt, *stats)
-            path = list(range(decided.item())) if proposal.is_chain else path_to(proposal.parents, decided.item())
+            path, y, hidden, stats = _decide(ops, model, cache, history, proposal, params, verify_key,
+                                             drafter.wants_hidden, node_stats)
             t_verified = time.perf_counter()
-
-            drafted, n, y = proposal.tokens.tolist(), len(path), nxt.item()
-            ops.keep_rows(cache, len(history), path)  # y stays; of the drafts, the accepted path
-            policy.observe(len(drafted), n)
-            policy.observe_timing((t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3, len(drafted))
-            kept_hidden = _rows_of(ops, hidden, path)
-            drafter.commit(Commit(drafted, n, y, kept_hidden, None if proposal.is_chain else tuple(path)))
+            draft_ms, verify_ms = (t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3
+            policy.observe(len(proposal.tokens), len(path))
+            policy.observe_timing(draft_ms, verify_ms, len(proposal.tokens))
+            kept_hidden = _commit(ops, cache, drafter, history, proposal, path, y, hidden)
             if held_hidden is not None:
                 held_hidden.append(kept_hidden)
-            history += [drafted[i] for i in path] + [y]
-            accepted_lengths.append(n)
-
-            # Shown struck through: what the drafter would have continued with below the path.
-            refused = first_line(proposal.tree_parents, path[-1] if path else -1)
-            tokens, stop = _step_tokens([drafted[i] for i in path], [drafted[i] for i in refused], y, stop_ids,
-                                        limit - emitted)
+            accepted_lengths.append(len(path))
+            tokens, shown, stop = _shown(proposal, path, y, stats, stop_ids, limit - emitted)
             emitted += sum(t.emitted for t in tokens)
-            if t_first is None:
-                t_first = t_verified
-            shown = None if proposal.parents is None else Tree(tuple(drafted), proposal.parents, tuple(path),
-                                                               _stats_of(stats, proposal.node_q))
-            yield Step(tokens, k=len(drafted), accepted=n, draft_ms=(t_drafted - t_step) * 1e3,
-                       verify_ms=(t_verified - t_drafted) * 1e3, room=room, tree=shown)
+            t_first = t_first or t_verified
+            yield Step(tokens, k=len(proposal.tokens), accepted=len(path), draft_ms=draft_ms, verify_ms=verify_ms,
+                       room=room, tree=shown)
             if stop:
                 reason = "eos"
                 break
@@ -311,3 +271,58 @@ def generate(
     end = time.perf_counter()
     yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),
                stop_reason=reason, steps=len(accepted_lengths), accepted_lengths=accepted_lengths)
+
+
+def _draft(ops: ModuleType, drafter: Drafter, history: list[int], room: int, tree: TreeShape | None,
+           params: SamplingParams, key: Any, node_stats: bool) -> Proposal:
+    """The drafter's chain of ``room`` tokens, or its tree cut to ``room`` levels, evaluated (a
+    sync of its own only so that draft and verify time are reported apart)."""
+    if tree is None:
+        proposal = drafter.propose(history, room, params, key)
+    else:
+        proposal = drafter.propose_tree(history, tree.cut(room), params, key,
+                                        **({"draft_probs": True} if node_stats else {}))
+    ops.evaluate(proposal.tokens, proposal.q, proposal.node_q)
+    return proposal
+
+
+def _decide(ops: ModuleType, model: Target, cache: list, history: list[int], proposal: Proposal,
+            params: SamplingParams, key: Any, want_hidden: bool, node_stats: bool) -> tuple[list[int], int, Any, tuple]:
+    """One target pass over [y, proposal] (y = ``history[-1]``, not yet cached): the accepted
+    path (indices into the proposal), the target's next token, the pass's hidden states (lazy)
+    and, with ``node_stats``, each node's statistics. The step's one sync for the decision."""
+    y = history[-1]
+    if proposal.is_chain:
+        decided, nxt, hidden, logits = _verify(ops, model, cache, y, proposal, params, key, want_hidden)
+    else:
+        decided, nxt, hidden, logits = _verify_tree(ops, model, cache, len(history) - 1, y, proposal, params, key,
+                                                    want_hidden)
+    stats = ops.node_stats(logits, proposal.tokens, proposal.parents, params) if node_stats and proposal.parents else ()
+    ops.evaluate(decided, nxt, *stats)
+    path = list(range(decided.item())) if proposal.is_chain else path_to(proposal.parents, decided.item())
+    return path, nxt.item(), hidden, stats
+
+
+def _commit(ops: ModuleType, cache: list, drafter: Drafter, history: list[int], proposal: Proposal,
+            path: list[int], y: int, hidden: Any) -> Any:
+    """Keep the accepted path: the cache keeps y and the path's rows, the drafter learns what was
+    accepted, ``history`` grows by the path and the target's token. Returns the kept rows'
+    hidden states (None when the drafter reads none)."""
+    drafted = proposal.tokens.tolist()
+    ops.keep_rows(cache, len(history), path)
+    kept_hidden = _rows_of(ops, hidden, path)
+    drafter.commit(Commit(drafted, len(path), y, kept_hidden, None if proposal.is_chain else tuple(path)))
+    history += [drafted[i] for i in path] + [y]
+    return kept_hidden
+
+
+def _shown(proposal: Proposal, path: list[int], y: int, stats: tuple, stop_ids: set[int],
+           budget: int) -> tuple[list[Token], Tree | None, bool]:
+    """What a step shows: its tokens (the refused drafts struck through, as far as the drafter
+    would have continued below the path), its tree if it drafted one, and whether it stopped."""
+    drafted = proposal.tokens.tolist()
+    refused = first_line(proposal.tree_parents, path[-1] if path else -1)
+    tokens, stop = _step_tokens([drafted[i] for i in path], [drafted[i] for i in refused], y, stop_ids, budget)
+    shown = None if proposal.parents is None else Tree(tuple(drafted), proposal.parents, tuple(path),
+                                                       _stats_of(stats, proposal.node_q))
+    return tokens, shown, stop

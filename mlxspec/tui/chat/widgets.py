@@ -205,63 +205,75 @@ def render_stats(stats: TurnStats | None, settings: Settings, baseline: Baseline
                  busy: bool = False, dark: bool = True, bar_width: int = 14) -> Text:
     """The side panel's text: settings, speed, acceptance, timings, per-position bars and the
     accepted-length histogram."""
-    hue = status_style(Status.ACCEPTED, dark)
     t = Text()
+    _settings_rows(t, settings)
+    _speed_rows(t, stats, baseline, busy)
+    _speculation_rows(t, stats)
+    _acceptance_bars(t, stats, status_style(Status.ACCEPTED, dark), bar_width)
+    t.rstrip()
+    return t
 
-    def head(title: str) -> None:
-        t.append(f"{title}\n", "bold underline")
 
-    def row(name: str, value: str) -> None:
-        t.append(f"{name:<15}", "dim")
-        t.append(f"{value}\n")
+def _head(t: Text, title: str) -> None:
+    t.append(f"{title}\n", "bold underline")
 
-    head("Settings (next turn)")
-    row("speculation", "on" if settings.speculate else "off")
-    row("drafter", settings.draft + ("" if settings.speculate else " (unused)"))
+
+def _row(t: Text, name: str, value: str) -> None:
+    t.append(f"{name:<15}", "dim")
+    t.append(f"{value}\n")
+
+
+def _settings_rows(t: Text, settings: Settings) -> None:
+    _head(t, "Settings (next turn)")
+    _row(t, "speculation", "on" if settings.speculate else "off")
+    _row(t, "drafter", settings.draft + ("" if settings.speculate else " (unused)"))
     if settings.tree is None:
-        row("K", str(settings.k))
+        _row(t, "K", str(settings.k))
     else:
-        row("tree", f"{settings.tree} ({settings.tree.nodes} nodes)")
-    row("temperature", f"{settings.temp:g}" + (f"  top-p {settings.top_p:g}" if settings.top_p < 1 else ""))
+        _row(t, "tree", f"{settings.tree} ({settings.tree.nodes} nodes)")
+    _row(t, "temperature", f"{settings.temp:g}" + (f"  top-p {settings.top_p:g}" if settings.top_p < 1 else ""))
 
-    s = stats
-    head("\nSpeed" + (" (generating)" if busy else " (last turn)" if s else ""))
-    row("tok/s now", _num(s and s.tps_now(), ".1f"))
-    row("tok/s turn", _num(s and s.tps_turn(), ".1f"))
-    row("speedup", "– (target-only turn)" if s and s.target_only else _num(s and s.speedup(baseline), ".2f", "x"))
+
+def _speed_rows(t: Text, s: TurnStats | None, baseline: Baseline, busy: bool) -> None:
+    _head(t, "\nSpeed" + (" (generating)" if busy else " (last turn)" if s else ""))
+    _row(t, "tok/s now", _num(s and s.tps_now(), ".1f"))
+    _row(t, "tok/s turn", _num(s and s.tps_turn(), ".1f"))
+    _row(t, "speedup", "– (target-only turn)" if s and s.target_only else _num(s and s.speedup(baseline), ".2f", "x"))
     t.append(f"  vs target-only {_num(baseline.tps, '.1f')} tok/s\n  ({baseline.source})\n", "dim")
 
-    head("\nSpeculation")
-    row("steps", str(len(s.steps)) if s else "–")
+
+def _speculation_rows(t: Text, s: TurnStats | None) -> None:
+    _head(t, "\nSpeculation")
+    _row(t, "steps", str(len(s.steps)) if s else "–")
     tree = bool(s and s.tree)
     k_now = s and s.k_now()
-    row("nodes/step" if tree else "K in use", "–" if k_now is None else f"{k_now}  (mean {s.mean_k():.1f})")
-    row("accepted/step", _num(s and s.accepted_per_step(), ".2f"))
-    row("tokens/step", _num(s and s.tokens_per_step(), ".2f"))
+    _row(t, "nodes/step" if tree else "K in use", "–" if k_now is None else f"{k_now}  (mean {s.mean_k():.1f})")
+    _row(t, "accepted/step", _num(s and s.accepted_per_step(), ".2f"))
+    _row(t, "tokens/step", _num(s and s.tokens_per_step(), ".2f"))
     rate = s and s.acceptance_rate()
-    row("nodes kept" if tree else "acceptance", "–" if rate is None else f"{rate:.0%}")
-    row("draft ms/step", _num(s and s.mean_draft_ms(), ".1f"))
-    row("verify ms/step", _num(s and s.mean_verify_ms(), ".1f"))
+    _row(t, "nodes kept" if tree else "acceptance", "–" if rate is None else f"{rate:.0%}")
+    _row(t, "draft ms/step", _num(s and s.mean_draft_ms(), ".1f"))
+    _row(t, "verify ms/step", _num(s and s.mean_verify_ms(), ".1f"))
 
+
+def _acceptance_bars(t: Text, s: TurnStats | None, hue: Style, bar_width: int) -> None:
     # One row per position / length up to the turn's K from its first step on, so that the
     # panel keeps its height through a turn (a height change costs a whole-screen layout).
     positions = s.position_rates() if s else []
     if positions:
-        head("\nAccepted by tree depth" if tree else "\nAccepted by draft position")
+        _head(t, "\nAccepted by tree depth" if s.tree else "\nAccepted by draft position")
         for i, r in positions:
             t.append(f"{i:>3} ", "dim")
             t.append_text(_bar(r or 0.0, bar_width, hue))
             t.append("    –\n" if r is None else f" {r:4.0%}\n")
     hist = s.length_histogram() if s else []
     if hist:
-        head("\nAccepted length per step")
+        _head(t, "\nAccepted length per step")
         top = max(n for _, n in hist) or 1
         for length, n in hist:
             t.append(f"{length:>3} ", "dim")
             t.append_text(_bar(n / top, bar_width, hue))
             t.append(f" {n}\n")
-    t.rstrip()
-    return t
 
 
 class StatsPanel(Themed, VerticalScroll):
