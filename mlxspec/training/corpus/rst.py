@@ -203,7 +203,9 @@ def _paragraph(lines: list[str], i: int, title: str) -> tuple[list[RstBlock], in
         return out, j
     while j < len(lines) and not lines[j].strip():
         j += 1
-    body, j = _body_from(lines, j - 1, ind) if j < len(lines) and _indent(lines[j]) > ind else ([], j)
+    # from the block itself, not the blank line before it: with no blank line that line is the
+    # paragraph's last, which would end the block at once and read the paragraph again forever
+    body, j = _body_from(lines, j, ind) if j < len(lines) and _indent(lines[j]) > ind else ([], j)
     if body:
         out.append(RstBlock("code", "\n".join(body).strip(), title))
     return out, j
