@@ -17,6 +17,7 @@ from mlxspec.training.corpus import (
     PackagePaths,
     build_corpus,
     missing_sources,
+    rst_blocks,
 )
 from mlxspec.training.distill import is_benchmark, normalise
 
@@ -315,3 +316,9 @@ def test_the_default_corpus_in_tests_is_a_new_machines(fake):
     assert sorted(missing_sources(stats)) == sorted(DEBIAN_SOURCES)
     assert {e.source for e in examples} == {"gsm8k", "humaneval", "folio"}
     assert not corpus.system_paths().python_doc.exists()
+
+
+def test_a_literal_block_right_after_its_paragraph_is_read_once():
+    """No blank line between ``Text::`` and its block used to send rst_blocks round forever."""
+    blocks = rst_blocks("Some text here::\n    code line\n\nAfter.")
+    assert [(b.kind, b.text) for b in blocks] == [("para", "Some text here:"), ("code", "code line"), ("para", "After.")]
