@@ -418,18 +418,17 @@ def bench(
             torch_cols, note = b.torch_columns(torch_on, torch_dtypes, torch_device)
             if note:
                 Console(stderr=True).print(f"[yellow]note:[/] {escape(note)}")
-            result = b.baseline_bench(model, dtype, max_tokens=max_tokens, warmup=warmup,
-                                      repeats=max(repeats, 3), progress=progress, torch_dtypes=torch_cols,
-                                      torch_device=torch_device, torch_threads=torch_threads or ())
+            result = b.baseline_bench(b.BaselineOptions(model, dtype, None, max_tokens, warmup, max(repeats, 3),
+                                                        torch_cols, torch_device, torch_threads or ()), progress)
         else:
-            result = b.spec_bench(_target(model, dtype, backend, device), draft, "auto" if k is None else k,
-                                  tuple(temps), categories, per_category, max_tokens, warmup, repeats, mlx_lm,
-                                  prompts_file, seed, progress, dtype=dtype, remeasure_cost=remeasure_cost,
-                                  tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k)
+            result = b.spec_bench(b.SpecOptions(
+                _target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories,
+                per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
+                remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k), progress)
     if as_json:
         _print_json(result.to_json())
     else:
-        (b.print_baseline if baseline else b.print_spec)(result, Console())
+        b.print_result(result, Console())
     _write_json(result.to_json(), out)
 
 
