@@ -462,3 +462,15 @@ def test_bench_cli_tree_needs_a_drafter():
 
     result = CliRunner().invoke(app, ["bench", "--tree", "2x2", "--draft", "none"])
     assert result.exit_code == 2 and result.output.startswith("error: --tree needs a drafter")
+
+
+def test_spec_runs_order_is_pinned():
+    """Warm-up in method order per temperature, then rounds rotated by temperature + repeat +
+    prompt (``core.schedule``): the order results were measured in before stays the order."""
+    calls = []
+    items = [{"id": i, "category": "qa"} for i in range(2)]
+    options = bench.SpecOptions(temps=(0.0, 1.0), max_tokens=4, warmup=1, repeats=2)
+    speculative.time_spec_runs(lambda m, t, p, n: calls.append((m[0], t, p[0])) or runs.Run([1], 1, 0.1, 0.1),
+                               ["target", "spec"], options, items, [[1], [2]], None)
+    assert [m + str(p) for m, t, p in calls if t == 0.0] == ["t1", "s1", "t1", "s1", "s2", "t2", "s1", "t1", "t2", "s2"]
+    assert [m + str(p) for m, t, p in calls if t == 1.0] == ["t1", "s1", "s1", "t1", "t2", "s2", "t1", "s1", "s2", "t2"]

@@ -488,3 +488,20 @@ def test_tiny_real_sweep(lm, tmp_path):
 
     img = matplotlib.image.imread(str(png))
     assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 600
+
+
+def test_sweep_runs_order_is_pinned():
+    """Rounds over (repeat, prompt), the method order rotating round by round (``core.schedule``):
+    the order results were measured in before stays the order."""
+    from mlxspec.measure.sweep.run import time_sweep_runs
+
+    calls = []
+
+    def run(m, p):
+        calls.append((m, p[0]))
+        return Run([1, 2], 3, 0.1, 0.2, 1, "length", [1], [1], [1])
+
+    items = [{"id": i, "category": "c"} for i in range(2)]
+    time_sweep_runs(run, [0, 1, None], items, [[10], [20]], 2, True, lambda label: None, None)
+    assert calls == [(0, 10), (1, 10), (None, 10), (1, 20), (None, 20), (0, 20),
+                     (None, 10), (0, 10), (1, 10), (0, 20), (1, 20), (None, 20)]
