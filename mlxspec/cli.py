@@ -418,18 +418,17 @@ def bench(
             torch_cols, note = b.torch_columns(torch_on, torch_dtypes, torch_device)
             if note:
                 Console(stderr=True).print(f"[yellow]note:[/] {escape(note)}")
-            result = b.baseline_bench(model, dtype, max_tokens=max_tokens, warmup=warmup,
-                                      repeats=max(repeats, 3), progress=progress, torch_dtypes=torch_cols,
-                                      torch_device=torch_device, torch_threads=torch_threads or ())
+            result = b.baseline_bench(b.BaselineOptions(model, dtype, None, max_tokens, warmup, max(repeats, 3),
+                                                        torch_cols, torch_device, torch_threads or ()), progress)
         else:
-            result = b.spec_bench(_target(model, dtype, backend, device), draft, "auto" if k is None else k,
-                                  tuple(temps), categories, per_category, max_tokens, warmup, repeats, mlx_lm,
-                                  prompts_file, seed, progress, dtype=dtype, remeasure_cost=remeasure_cost,
-                                  tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k)
+            result = b.spec_bench(b.SpecOptions(
+                _target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories,
+                per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
+                remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k), progress)
     if as_json:
         _print_json(result.to_json())
     else:
-        (b.print_baseline if baseline else b.print_spec)(result, Console())
+        b.print_result(result, Console())
     _write_json(result.to_json(), out)
 
 
@@ -572,27 +571,18 @@ def sweep(
     """Find the draft length K that is fastest in wall-clock time, and say why speculation
     loses when it does (slow draft, serial verification, or low acceptance); with an `auto`
     row (--k auto) compared against the best fixed K."""
-    from mlxspec.core.sampling import SamplingParams
     from mlxspec.measure import sweep as sw
 
-    from mlxspec.core.tree import parse_tree_list
-
     k_list = sw.parse_ks(ks)
-    SamplingParams(temp, top_p)
-    if trees is None and tree_nodes is not None:
-        raise MlxspecError("--tree-nodes caps the --tree shapes; give --tree too")
-    shapes = parse_tree_list(trees, tree_nodes) if trees is not None else []
-    if shapes and tui:
-        raise MlxspecError("the sweep UI shows Ks only; drop --tui to time --tree shapes")
+    shapes = _sweep_flags(temp, top_p, trees, tree_nodes, tui)
     draft = _named_draft(draft, model)
-    options = dict(model_spec=_target(model, dtype, backend, device), draft=draft, temp=temp, top_p=top_p, prompts_file=prompts_file,
-                   per_category=per_category, categories=categories, max_tokens=max_tokens, warmup=warmup,
-                   repeats=repeats, seed=seed, dtype=dtype, auto=auto, remeasure_cost=remeasure_cost,
-                   **({"trees": shapes} if shapes else {}))
+    options = sw.SweepOptions(k_list, _target(model, dtype, backend, device), draft, temp, top_p, prompts_file,
+                              per_category, categories, max_tokens, warmup, repeats, seed, dtype, auto=auto,
+                              remeasure_cost=remeasure_cost, trees=shapes)
     if tui:
         from mlxspec.tui.sweep.app import describe, run_sweep_tui
 
-        result = run_sweep_tui(k_list, describe(k_list, model, draft, temp, max_tokens, repeats, auto), **options)
+        result = run_sweep_tui(options, describe(options, model))
         if result is None:
             err.print("sweep stopped before the end: nothing written")
             raise typer.Exit(1)
@@ -603,16 +593,28 @@ def sweep(
             def progress(i: int, total: int, label: str) -> None:
                 bar.update(task, completed=i, total=total, description=label)
 
-            result = sw.run_sweep(k_list, progress=progress, **options)
+            result = sw.run_sweep(options, progress)
     if as_json:
         _print_json(result.to_json())
     else:
         sw.print_sweep(result, Console())
     _write_json(result.to_json(), out)
-    if csv_out is not None:
-        err.print(f"[dim]wrote {sw.write_csv(result, csv_out)}[/]")
-    if plot_out is not None:
-        err.print(f"[dim]wrote {sw.plot_sweep(result, plot_out)}[/]")
+    for path in sw.write_files(result, csv_out, plot_out):
+        err.print(f"[dim]wrote {path}[/]")
+
+
+def _sweep_flags(temp: float, top_p: float, trees: Optional[str], tree_nodes: Optional[int], tui: bool) -> list:
+    """``sweep``'s sampling and tree flags checked before anything loads; the tree shapes to time."""
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.core.tree import parse_tree_list
+
+    SamplingParams(temp, top_p)
+    if trees is None and tree_nodes is not None:
+        raise MlxspecError("--tree-nodes caps the --tree shapes; give --tree too")
+    shapes = parse_tree_list(trees, tree_nodes) if trees is not None else []
+    if shapes and tui:
+        raise MlxspecError("the sweep UI shows Ks only; drop --tui to time --tree shapes")
+    return shapes
 
 
 @app.command()

@@ -240,6 +240,29 @@ def test_k_policy_factory(tiny, tmp_path, monkeypatch):
     assert lines == []  # cached
 
 
+def test_time_verify_warms_up_then_rotates_the_pass_lengths(tiny):
+    """Two untimed passes per length, then rounds over every length, the order rotating round
+    by round (``core.schedule``): the order is pinned, curves measured before and after compare."""
+    from mlxspec.targets.costcurve import time_verify
+
+    seen, rounds = [], []
+
+    class Counting:
+        def make_cache(self):
+            return tiny.model.make_cache()
+
+        def __call__(self, tokens, cache=None, **kw):
+            seen.append(int(tokens.shape[1]))
+            return tiny.model(tokens, cache, **kw)
+
+        def __getattr__(self, name):
+            return getattr(tiny.model, name)
+
+    times = time_verify(Counting(), list(range(1, 12)), [1, 3, 5], 4, progress=rounds.append)
+    assert seen[1:] == [1, 1, 3, 3, 5, 5, 1, 3, 5, 3, 5, 1, 5, 1, 3, 1, 3, 5]  # after the prompt's prefill
+    assert rounds == [1, 2, 3, 4] and {n: len(ms) for n, ms in times.items()} == {1: 4, 3: 4, 5: 4}
+
+
 def test_a_session_builds_one_policy_per_drafter_and_measures_once(tiny, tmp_path, monkeypatch):
     from mlxspec.session import Session
 

@@ -14,8 +14,9 @@ import mlxspec  # noqa: F401  (must come before mlx: loads the fast BLAS)
 from mlxspec.core.events import Done, Status, Step, Token
 from mlxspec.errors import MlxspecError
 from mlxspec.measure import bench, runs
+from mlxspec.measure.bench import baseline, speculative
 from mlxspec.measure.runs import Run
-from mlxspec.measure.verdict import Kind, median_ratio, pooled_ratio
+from mlxspec.measure.verdict import Kind, Verdict, median_ratio, pooled_ratio
 
 
 def test_measure_bandwidth_small_is_positive_and_finite():
@@ -37,10 +38,7 @@ def test_default_prompts_pick_three_categories(tmp_path, monkeypatch):
 def test_baseline_bench_tiny_run():
     calls = []
     result = bench.baseline_bench(
-        prompts=["Name three colours."],
-        max_tokens=8,
-        warmup=1,
-        repeats=1,
+        bench.BaselineOptions(prompts=["Name three colours."], max_tokens=8, warmup=1, repeats=1),
         progress=lambda i, n, label: calls.append((i, n, label)),
     )
     data = json.loads(json.dumps(result.to_json()))
@@ -87,7 +85,7 @@ def test_time_baseline_pairs_interleaves_every_column():
 
     cols = ("mlxspec", "mlx_lm", "torch_float32")
     items = [{"id": i, "category": "c"} for i in range(2)]
-    pairs = bench._time_baseline_pairs(run, items, [[1], [2]], 2, None, cols)
+    pairs = baseline.time_pairs(run, cols, items, [[1], [2]], bench.BaselineOptions(warmup=0, repeats=2), None)
     assert len(pairs) == 4 and all(set(p) == set(cols) for p in pairs)
     assert seen == [*cols, *cols[::-1], *cols, *cols[::-1]]  # reversed every other pair
 
@@ -106,7 +104,7 @@ def test_first_divergence_is_earliest_per_prompt_over_repeats():
 
 
 def test_torch_info_picks_the_fastest_dtype_that_agrees():
-    v = bench.Verdict(Kind.SAME, "")
+    v = Verdict(Kind.SAME, "")
     cols = {"float32_2t": bench.TorchColumn("float32", 2, 0.8, v, [None, None], 8),
             "bfloat16_2t": bench.TorchColumn("bfloat16", 2, 1.3, v, [None, 6], 4),
             "float16_2t": bench.TorchColumn("float16", 2, 0.9, v, [None, None], 4),
@@ -154,9 +152,9 @@ def test_baseline_bench_torch_columns():
     torch = pytest.importorskip("torch", reason="torch is an optional extra")
     threads = torch.get_num_threads()
     calls = []
-    result = bench.baseline_bench(prompts=["Name three colours.", "Count to five."], max_tokens=4, warmup=0,
-                                  repeats=1, torch_dtypes=("float32", "bfloat16"), torch_threads=(1,),
-                                  progress=lambda i, n, label: calls.append(label))
+    options = bench.BaselineOptions(prompts=["Name three colours.", "Count to five."], max_tokens=4, warmup=0,
+                                    repeats=1, torch_dtypes=("float32", "bfloat16"), torch_threads=(1,))
+    result = bench.baseline_bench(options, progress=lambda i, n, label: calls.append(label))
     assert torch.get_num_threads() == threads  # restored
     data = json.loads(json.dumps(result.to_json()))
     impls = data["implementations"]
@@ -371,9 +369,9 @@ def _check_spec_result(result, k):
 @pytest.mark.model
 def test_spec_bench_tiny_ngram(lm):
     calls = []
-    result = bench.spec_bench(lm, "ngram:3", k=4, temps=(0.0,), categories=["translation"], per_category=1,
-                              max_tokens=8, warmup=0, repeats=1, with_mlx_lm=False,
-                              progress=lambda i, n, label: calls.append((i, n)))
+    options = bench.SpecOptions(lm, "ngram:3", k=4, temps=(0.0,), categories=["translation"], per_category=1,
+                                max_tokens=8, warmup=0, repeats=1, with_mlx_lm=False)
+    result = bench.spec_bench(options, progress=lambda i, n, label: calls.append((i, n)))
     overall = _check_spec_result(result, 4)
     data = result.to_json()
     assert overall["mlx_lm"] is None and data["mlx_lm"] is None and data["mlx_lm_reason"]
@@ -388,8 +386,8 @@ def test_spec_bench_tiny_ngram(lm):
 
 @pytest.mark.model
 def test_spec_bench_self_draft_with_mlx_lm(lm):
-    result = bench.spec_bench(lm, "self:2", k=2, temps=(0.0,), categories=["qa"], per_category=1,
-                              max_tokens=6, warmup=0, repeats=1, with_mlx_lm=True)
+    result = bench.spec_bench(bench.SpecOptions(lm, "self:2", k=2, temps=(0.0,), categories=["qa"], per_category=1,
+                                                max_tokens=6, warmup=0, repeats=1, with_mlx_lm=True))
     overall = _check_spec_result(result, 2)
     data = result.to_json()
     assert data["mlx_lm"] is not None and "first 2 layers" in data["mlx_lm"]["description"]
@@ -406,8 +404,9 @@ def test_spec_bench_self_draft_with_mlx_lm(lm):
 @pytest.mark.model
 def test_spec_bench_peer_with_its_own_draft_and_k(lm):
     """mlx-lm's peer can run another draft than ours (its best for the target) at its own K."""
-    result = bench.spec_bench(lm, "ngram:3", k=2, temps=(0.0,), categories=["qa"], per_category=1,
-                              max_tokens=6, warmup=0, repeats=1, with_mlx_lm=True, peer_draft="self:2", peer_k=1)
+    result = bench.spec_bench(bench.SpecOptions(lm, "ngram:3", k=2, temps=(0.0,), categories=["qa"], per_category=1,
+                                                max_tokens=6, warmup=0, repeats=1, with_mlx_lm=True,
+                                                peer_draft="self:2", peer_k=1))
     data = result.to_json()
     assert "first 2 layers" in data["mlx_lm"]["description"]
     assert data["settings"]["mlx_lm_k"] == 1 and data["settings"]["mlx_lm_draft"] == "self:2"
@@ -423,8 +422,9 @@ def test_spec_runs_rotate_every_method_through_every_position():
     order would keep the middle one in the middle for ever)."""
     calls = []
     items = [{"id": i, "category": "qa"} for i in range(3)]
-    bench._time_spec_runs(lambda m, t, p, n: calls.append(m), ["target", "spec", "mlx_lm"], (1.0,), items,
-                          [[1], [2], [3]], 4, warmup=0, repeats=1, progress=None)
+    options = bench.SpecOptions(temps=(1.0,), max_tokens=4, warmup=0, repeats=1)
+    speculative.time_spec_runs(lambda m, t, p, n: calls.append(m), ["target", "spec", "mlx_lm"], options, items,
+                               [[1], [2], [3]], None)
     rounds = [calls[i:i + 3] for i in range(0, 9, 3)]
     for position in range(3):
         assert sorted(r[position] for r in rounds) == ["mlx_lm", "spec", "target"]
@@ -432,9 +432,9 @@ def test_spec_runs_rotate_every_method_through_every_position():
 
 def test_spec_bench_peer_options_need_the_peer():
     with pytest.raises(MlxspecError, match="drop --no-mlx-lm"):
-        bench.spec_bench("default", "ngram:3", k=2, with_mlx_lm=False, peer_k=2)
+        bench.spec_bench(bench.SpecOptions("default", "ngram:3", k=2, with_mlx_lm=False, peer_k=2))
     with pytest.raises(MlxspecError, match=r"--mlx-lm-k must be in 1\.\.64, got 0"):
-        bench.spec_bench("default", "ngram:3", k=2, peer_k=0)
+        bench.spec_bench(bench.SpecOptions("default", "ngram:3", k=2, peer_k=0))
 
 
 @pytest.mark.model
@@ -442,8 +442,9 @@ def test_spec_bench_with_a_tree(lm):
     """``bench --tree``: the speculative runs draft trees (greedy output still the target's)."""
     from mlxspec.core.tree import parse_tree
 
-    result = bench.spec_bench(lm, "ngram:3", k="auto", temps=(0.0,), categories=["translation"], per_category=1,
-                              max_tokens=8, warmup=0, repeats=1, with_mlx_lm=False, tree=parse_tree("2x2"))
+    result = bench.spec_bench(bench.SpecOptions(lm, "ngram:3", k="auto", temps=(0.0,), categories=["translation"],
+                                                per_category=1, max_tokens=8, warmup=0, repeats=1, with_mlx_lm=False,
+                                                tree=parse_tree("2x2")))
     overall = _check_spec_result(result, 2)
     data = result.to_json()
     assert data["settings"]["tree"] == "2x2" and data["settings"]["k"] == 2
@@ -461,3 +462,15 @@ def test_bench_cli_tree_needs_a_drafter():
 
     result = CliRunner().invoke(app, ["bench", "--tree", "2x2", "--draft", "none"])
     assert result.exit_code == 2 and result.output.startswith("error: --tree needs a drafter")
+
+
+def test_spec_runs_order_is_pinned():
+    """Warm-up in method order per temperature, then rounds rotated by temperature + repeat +
+    prompt (``core.schedule``): the order results were measured in before stays the order."""
+    calls = []
+    items = [{"id": i, "category": "qa"} for i in range(2)]
+    options = bench.SpecOptions(temps=(0.0, 1.0), max_tokens=4, warmup=1, repeats=2)
+    speculative.time_spec_runs(lambda m, t, p, n: calls.append((m[0], t, p[0])) or runs.Run([1], 1, 0.1, 0.1),
+                               ["target", "spec"], options, items, [[1], [2]], None)
+    assert [m + str(p) for m, t, p in calls if t == 0.0] == ["t1", "s1", "t1", "s1", "s2", "t2", "s1", "t1", "t2", "s2"]
+    assert [m + str(p) for m, t, p in calls if t == 1.0] == ["t1", "s1", "s1", "t1", "t2", "s2", "t1", "s1", "s2", "t2"]

@@ -150,8 +150,9 @@ def texts(d):
 
 def test_draft_too_slow_to_pay():
     # draft 9 ms per token against a 10 ms target token; verification flat
-    d = sweep.diagnose(KS, tps=[85.0, 70.0, 60.0], speedup=clear(0.85, 0.70, 0.60), acceptance=flat(0.7),
-                       draft_ms_per_token=[9.0] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0, baseline_tps=100.0)
+    d = sweep.diagnose(sweep.Measured(
+        KS, tps=[85.0, 70.0, 60.0], speedup=clear(0.85, 0.70, 0.60), acceptance=flat(0.7),
+        draft_ms_per_token=[9.0] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0, baseline_tps=100.0))
     assert not d.pays
     assert (d.optimum_measured.k, d.optimum_measured.tps, d.optimum_measured.speedup) == (1, 85.0, 0.85)
     assert d.verify_kind == "batch-parallel"
@@ -164,8 +165,9 @@ def test_draft_too_slow_to_pay():
 
 def test_serial_verification():
     # a pass over K+1 tokens costs K+1 token passes: the backend verifies one token at a time
-    d = sweep.diagnose(KS, tps=[90.0, 80.0, 70.0], speedup=clear(0.9, 0.8, 0.7), acceptance=flat(0.8),
-                       draft_ms_per_token=[0.1] * 3, verify_ms=[20.0, 30.0, 40.0], target_ms=10.0)
+    d = sweep.diagnose(sweep.Measured(
+        KS, tps=[90.0, 80.0, 70.0], speedup=clear(0.9, 0.8, 0.7), acceptance=flat(0.8),
+        draft_ms_per_token=[0.1] * 3, verify_ms=[20.0, 30.0, 40.0], target_ms=10.0))
     assert d.verify_slope == pytest.approx(1.0)
     assert d.verify_kind == "serial"
     assert causes(d) == ["serial_verify"]
@@ -174,30 +176,34 @@ def test_serial_verification():
 
 
 def test_acceptance_too_low():
-    d = sweep.diagnose(KS, tps=[97.0, 95.0, 93.0], speedup=clear(0.97, 0.95, 0.93), acceptance=flat(0.05),
-                       draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0)
+    d = sweep.diagnose(sweep.Measured(
+        KS, tps=[97.0, 95.0, 93.0], speedup=clear(0.97, 0.95, 0.93), acceptance=flat(0.05),
+        draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0))
     assert causes(d) == ["low_acceptance"]
     msg = d.causes[0].message
     assert msg.startswith("acceptance too low: 5% of first drafts accepted, 0.05 tokens won per step at K=1")
     assert "proposed nothing" not in msg
     # a prompt-lookup drafter that finds no match proposes nothing: said so
-    d = sweep.diagnose(KS, tps=[97.0, 95.0, 93.0], speedup=clear(0.97, 0.95, 0.93), acceptance=flat(0.05),
-                       draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0,
-                       coverage=flat(0.25))
+    d = sweep.diagnose(sweep.Measured(
+        KS, tps=[97.0, 95.0, 93.0], speedup=clear(0.97, 0.95, 0.93), acceptance=flat(0.05),
+        draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0,
+        coverage=flat(0.25)))
     assert d.causes[0].message.endswith("the drafter proposed nothing in 75% of steps")
 
 
 def test_overhead_when_the_model_predicts_a_gain_the_run_misses():
-    d = sweep.diagnose(KS, tps=[90.0, 85.0, 80.0], speedup=clear(0.9, 0.85, 0.8), acceptance=flat(0.8),
-                       draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0)
+    d = sweep.diagnose(sweep.Measured(
+        KS, tps=[90.0, 85.0, 80.0], speedup=clear(0.9, 0.85, 0.8), acceptance=flat(0.8),
+        draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0))
     assert causes(d) == ["overhead"]
     assert d.optimum_predicted.speedup > 1
 
 
 def test_pays_names_both_optima_and_keeps_cost_causes_as_notes():
     acc = flat(0.8)
-    d = sweep.diagnose(KS, tps=[130.0, 150.0, 140.0], speedup=clear(1.3, 1.5, 1.4), acceptance=acc,
-                       draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0, baseline_tps=100.0)
+    d = sweep.diagnose(sweep.Measured(
+        KS, tps=[130.0, 150.0, 140.0], speedup=clear(1.3, 1.5, 1.4), acceptance=acc,
+        draft_ms_per_token=[0.1] * 3, verify_ms=[10.5, 11.0, 11.5], target_ms=10.0, baseline_tps=100.0))
     assert d.pays and causes(d) == []
     assert d.optimum_measured.k == 2
     # E(3) / T(3) = 2.952 / 11.8 ms beats K=2 (2.44 / 11.2) and K=1 (1.8 / 10.6)
@@ -209,8 +215,9 @@ def test_pays_names_both_optima_and_keeps_cost_causes_as_notes():
     assert texts(d)[1].startswith("cost model (measured acceptance and costs) predicts best K = 3")
     assert "measured best K = 2" in texts(d)[1] and d.verdict[1].kind is Kind.INFO
 
-    serial = sweep.diagnose(KS, tps=[130.0, 120.0, 110.0], speedup=clear(1.3, 1.2, 1.1), acceptance=flat(0.95),
-                            draft_ms_per_token=[0.1] * 3, verify_ms=[13.0, 16.0, 19.0], target_ms=10.0)
+    serial = sweep.diagnose(sweep.Measured(
+        KS, tps=[130.0, 120.0, 110.0], speedup=clear(1.3, 1.2, 1.1), acceptance=flat(0.95),
+        draft_ms_per_token=[0.1] * 3, verify_ms=[13.0, 16.0, 19.0], target_ms=10.0))
     # ratios 1.3, 1.6, 1.9: slope (0.3 + 1.2 + 2.7) / 14 = 0.3 extra token-times per draft
     assert serial.verify_slope == pytest.approx(0.3)
     assert serial.pays and causes(serial) == ["partly_serial_verify"]
@@ -434,9 +441,9 @@ def test_tiny_real_sweep(lm, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Repeat after me: the quick brown fox jumps over the lazy dog.\n")
     calls = []
-    result = sweep.run_sweep([1, 2], model_spec=lm, draft="ngram:3", prompts_file=prompts, max_tokens=8,
-                             warmup=0, repeats=1, verify_reps=2,
-                             progress=lambda i, n, label: calls.append((i, n, label)))
+    options = sweep.SweepOptions([1, 2], model=lm, draft="ngram:3", prompts_file=prompts, max_tokens=8,
+                                 warmup=0, repeats=1, verify_reps=2)
+    result = sweep.run_sweep(options, progress=lambda i, n, label: calls.append((i, n, label)))
     record = result
     result = json.loads(json.dumps(result.to_json()))  # JSON-serialisable, and read back as a user would
 
@@ -481,3 +488,20 @@ def test_tiny_real_sweep(lm, tmp_path):
 
     img = matplotlib.image.imread(str(png))
     assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 600
+
+
+def test_sweep_runs_order_is_pinned():
+    """Rounds over (repeat, prompt), the method order rotating round by round (``core.schedule``):
+    the order results were measured in before stays the order."""
+    from mlxspec.measure.sweep.run import time_sweep_runs
+
+    calls = []
+
+    def run(m, p):
+        calls.append((m, p[0]))
+        return Run([1, 2], 3, 0.1, 0.2, 1, "length", [1], [1], [1])
+
+    items = [{"id": i, "category": "c"} for i in range(2)]
+    time_sweep_runs(run, [0, 1, None], items, [[10], [20]], 2, True, lambda label: None, None)
+    assert calls == [(0, 10), (1, 10), (None, 10), (1, 20), (None, 20), (0, 20),
+                     (None, 10), (0, 10), (1, 10), (0, 20), (1, 20), (None, 20)]

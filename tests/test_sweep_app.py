@@ -1,4 +1,4 @@
-"""``mlxspec sweep --tui`` (tui/sweep/app.py): the chart on scripted numbers, held run by run so
+"""``mlxspec sweep --tui`` (tui/sweep/: app, chart, sources): the chart on scripted numbers, held run by run so
 the test sees it fill in; quitting mid-sweep; errors; then a tiny real sweep (marked ``model``)."""
 
 import threading
@@ -8,14 +8,10 @@ from pilot import run, wait_for
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.errors import MlxspecError
-from mlxspec.tui.sweep.app import (
-    Series,
-    SweepApp,
-    SweepChart,
-    chart_text,
-    demo_runner,
-    sweep_runner,
-)
+from mlxspec.measure.sweep import SweepOptions
+from mlxspec.tui.sweep.app import SweepApp, SweepChart
+from mlxspec.tui.sweep.chart import Series, chart_text
+from mlxspec.tui.sweep.sources import demo_runner, sweep_runner
 
 SIZE = (150, 50)
 
@@ -200,8 +196,9 @@ def test_tiny_real_sweep_in_the_app(lm, tmp_path):
     ks = [1, 2]
 
     async def go():
-        app = SweepApp(sweep_runner(ks=ks, model_spec=lm, draft="ngram:3", prompts_file=prompts, max_tokens=8,
-                                    warmup=0, repeats=1, verify_reps=2), ks, "tiny")
+        options = SweepOptions(ks, model=lm, draft="ngram:3", prompts_file=prompts, max_tokens=8, warmup=0,
+                               repeats=1, verify_reps=2)
+        app = SweepApp(sweep_runner(options), ks, "tiny")
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.finished, timeout=120)
             await pilot.pause()

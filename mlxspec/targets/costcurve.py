@@ -20,6 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxspec.core.cache import check_trimmable, rewind
+from mlxspec.core.engine import NOT_TRIMMABLE_HINT
+from mlxspec.core.ops import ops_for
+from mlxspec.core.schedule import timed_rounds, warmup_rounds
 from mlxspec.errors import MlxspecError
 
 SCHEMA = 1
@@ -102,11 +106,8 @@ def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = REPS
                 progress: Callable[[int], Any] | None = None) -> dict[int, list[float]]:
     """ms of one target forward over n tokens, for each n in ``sizes``, on a cache holding the
     prefilled ``prompt``; trimmed back after every pass. Two untimed passes per size first; then
-    ``reps`` rounds over all sizes, the order rotating to spread drift. {n: [ms, ...]}."""
-    from mlxspec.core.cache import check_trimmable, rewind
-    from mlxspec.core.engine import NOT_TRIMMABLE_HINT
-    from mlxspec.core.ops import ops_for
-
+    ``reps`` rounds over all sizes, the order rotating to spread drift (``core.schedule``).
+    {n: [ms, ...]}."""
     ops = ops_for(model)
     cache = check_trimmable(model.make_cache(), "the target", NOT_TRIMMABLE_HINT)
     ops.evaluate(ops.prefill(model, cache, prompt))
@@ -121,14 +122,12 @@ def time_verify(model, prompt: list[int], sizes: Sequence[int], reps: int = REPS
         rewind(cache, n)
         return dt
 
-    for n in sizes:
-        once(n)
-        once(n)
+    for order in warmup_rounds(sizes, 1, each=2):
+        for n in order:
+            once(n)
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    order = list(sizes)
-    for rep in range(reps):
-        rot = rep % len(order)
-        for n in order[rot:] + order[:rot]:
+    for rep, order in timed_rounds(sizes, range(reps)):
+        for n in order:
             times[n].append(once(n))
         if progress is not None:
             progress(rep + 1)
