@@ -416,7 +416,7 @@ def train_draft(
     hidden: Optional[int] = typer.Option(None, help="Draft hidden size (default: the target's; another size needs --init random)."),
     head_vocab: int = typer.Option(8192, help="Rows of the reduced-vocabulary head (most frequent tokens of the data)."),
     init: str = typer.Option("target", help="target (copy the target's first blocks, norm and head rows) or random."),
-    window: int = typer.Option(5, "--window", "-k", help="Window K of draft positions the objective covers."),
+    window: int = typer.Option(5, "--window", help="Window K of draft positions the objective covers."),
     temp: float = typer.Option(1.0, "--temp", "-t", help="Temperature of p and q in kl and wtv."),
     steps: int = typer.Option(400, help="Distillation steps."),
     batch: int = typer.Option(8, help="Sequences per step."),
