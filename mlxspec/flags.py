@@ -3,7 +3,7 @@ loads. One meaning per flag in every command: -m is --model, -d --draft, -k the 
 (a list of them where a command sweeps Ks), -t --temp, -n --max-tokens, -o --out, -f
 --prompt-file, -p --prompt.
 
-The checks import what they need inside: those modules load MLX and mlx-lm (which loads torch
+The checks import the core and the loaders inside: those load MLX and mlx-lm (which loads torch
 where it is installed), and ``mlxspec --help`` or a refused flag must not wait for them."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any, Optional
 import typer
 
 from mlxspec.errors import MlxspecError
+from mlxspec.targets import store
+from mlxspec.torchpath import backend_spec
 
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
 DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's trained draft for the target, else ngram:3), none, ngram[:N] (prompt lookup), self:L (target's first L layers), a trained draft folder or a draft model path.")
@@ -104,7 +106,6 @@ def with_system(text: str, system: Optional[str]) -> str | list[dict]:
 
 def named_draft(draft: str, target: str) -> str:
     """``default`` as the drafter it stands for, so screens show a real name."""
-    from mlxspec.targets import store
     from mlxspec.targets.drafts import DEFAULT_FALLBACK
     from mlxspec.targets.loading import resolve
 
@@ -116,8 +117,6 @@ def named_draft(draft: str, target: str) -> str:
 def measured_target(model: str, dtype: str, backend: str, device: Optional[str]) -> Any:
     """``--model`` as the measurements take it: the spec on MLX (they load it themselves),
     the model already loaded on torch."""
-    from mlxspec.torchpath import backend_spec
-
     spec = backend_spec(backend, device)
     if spec == "mlx":
         return model
