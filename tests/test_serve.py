@@ -236,7 +236,7 @@ def check_server(url: str, expected: dict, spec: str) -> None:
 @client_tests
 def test_ngram_server_matches_the_engine(ngram_server, expected):
     check_server(ngram_server.url, expected, "ngram:3")
-    assert expected[("ngram:3", CHAT)]["tally"].accepted > 0  # the prompts exercise speculation
+    assert sum(expected[("ngram:3", CHAT)]["tally"].accepted) > 0  # the prompts exercise speculation
 
 
 @pytest.mark.model

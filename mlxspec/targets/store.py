@@ -99,6 +99,20 @@ def default_draft(target: str) -> str | None:
     return _registry().get("default_drafts", {}).get(target)
 
 
+def listing() -> list[dict]:
+    """Every registry model, then every shipped draft, one row each as ``mlxspec models list``
+    shows them: name, presence, size in MB, folder, description; a draft also says which target
+    it is for and whether it is that target's default."""
+    rows = [{"name": e.name, "present": e.present, "default": e.name == default_target(),
+             "size_mb": round(e.size / 1e6, 1), "path": str(e.path), "description": e.description}
+            for e in entries()]
+    for d in drafts():
+        rows.append({"name": d["name"], "present": d["present"], "default": False, "size_mb": round(d["size"] / 1e6, 1),
+                     "path": d["path"], "description": d["description"], "draft_for": d["target"],
+                     "default_draft": default_draft(d["target"]) == d["name"]})
+    return rows
+
+
 def entry(name: str) -> ModelEntry | None:
     return next((e for e in entries() if e.name == name), None)
 

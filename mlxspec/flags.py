@@ -1,0 +1,125 @@
+"""The command line's shared flags, spelled once, and the checks made on them before anything
+loads. One meaning per flag in every command: -m is --model, -d --draft, -k the draft length K
+(a list of them where a command sweeps Ks), -t --temp, -n --max-tokens, -o --out, -f
+--prompt-file, -p --prompt.
+
+The checks import the core and the loaders inside: those load MLX and mlx-lm (which loads torch
+where it is installed), and ``mlxspec --help`` or a refused flag must not wait for them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from mlxspec.errors import MlxspecError
+from mlxspec.targets import store
+from mlxspec.torchpath import backend_spec
+
+ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
+DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's trained draft for the target, else ngram:3), none, ngram[:N] (prompt lookup), self:L (target's first L layers), a trained draft folder or a draft model path.")
+KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
+SystemOpt = typer.Option(None, "--system-prompt", help="A system message before the user's (chat template).")
+KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft tokens per step (1..64).")
+RemeasureOpt = typer.Option(False, "--remeasure-cost", help="--k auto: measure this machine's verify-cost curve for the model again (cached in $MLXSPEC_HOME/costcurves).")
+TreeOpt = typer.Option(None, "--tree", show_default=False, help="Draft a token tree instead of a chain: DxB, depth D, each node's top-B children (e.g. 3x2); DxB:sample, B children drawn from the draft at T > 0 and verified by multi-round rejection; or auto (grown by draft probability, as many nodes verified as this machine's verify-cost curve says pay); verified in one target pass, exact at any temperature.")
+TreeNodesOpt = typer.Option(None, "--tree-nodes", show_default=False, help="Cap the --tree at N nodes, breadth first (1..64; default: the whole tree, 16 for auto).")
+DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
+BackendOpt = typer.Option("mlx", "--backend", help="mlx, or torch: the same engine on PyTorch (needs the torch extra of mlxspec; llama-type models).")
+DeviceOpt = typer.Option(None, "--device", show_default=False, help="With --backend torch: cpu, cuda or mps (default: the best this machine has).")
+
+TempOpt = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy.")
+TopPOpt = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1].")
+
+
+def k_option(k: Optional[str], draft: str) -> int | str | None:
+    """``--k`` checked before anything loads: an int, ``"auto"``, or None when not given (auto
+    with a drafter); ``--k auto`` with ``--draft none`` is refused, as nothing would be drafted."""
+    from mlxspec.core.autok import parse_k_option
+
+    if k is None:
+        return None
+    spec = parse_k_option(k)
+    if spec == "auto" and draft in ("none", ""):
+        raise MlxspecError("--k auto needs a drafter, but --draft is none (drop --k, or pick a drafter "
+                           "such as --draft default or ngram:3)")
+    return spec
+
+
+def tree_option(tree: Optional[str], tree_nodes: Optional[int], k: Optional[str], draft: str) -> Any:
+    """``--tree`` / ``--tree-nodes`` checked before anything loads: a ``TreeShape`` or None."""
+    from mlxspec.core.tree import parse_tree
+
+    if tree is None:
+        if tree_nodes is not None:
+            raise MlxspecError("--tree-nodes caps a --tree; give --tree DxB too")
+        return None
+    shape = parse_tree(tree, tree_nodes)
+    if draft in ("none", ""):
+        raise MlxspecError("--tree needs a drafter, but --draft is none (try --draft self:8)")
+    if k is not None:
+        raise MlxspecError("give --k or --tree, not both: a tree's depth is its K")
+    return shape
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    if max_tokens <= 0:
+        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+
+
+def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], prompt_opt: Optional[str] = None) -> str:
+    """The one prompt of PROMPT, ``--prompt`` or ``--prompt-file`` (``-`` is stdin), as text."""
+    if prompt_opt is not None:  # mlx-lm's spelling, --prompt/-p
+        if prompt is not None or prompt_file is not None:
+            raise MlxspecError("give one prompt: PROMPT, --prompt or --prompt-file")
+        prompt = prompt_opt
+    if prompt_file is not None:
+        if prompt is not None:
+            raise MlxspecError("give a prompt or --prompt-file, not both")
+        return read_prompt_file(prompt_file)
+    if prompt is None:
+        raise MlxspecError("no prompt: pass PROMPT or --prompt-file FILE")
+    return prompt
+
+
+def read_prompt_file(prompt_file: Path) -> str:
+    try:
+        data = (sys.stdin.buffer.read() if str(prompt_file) == "-" else prompt_file.read_bytes())
+    except OSError as e:
+        raise MlxspecError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MlxspecError(
+            f"prompt file {prompt_file} is not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
+
+
+def with_system(text: str, system: Optional[str]) -> str | list[dict]:
+    """The user message, with a system message before it when one is given."""
+    if system is None:
+        return text
+    return [{"role": "system", "content": system}, {"role": "user", "content": text}]
+
+
+def named_draft(draft: str, target: str) -> str:
+    """``default`` as the drafter it stands for, so screens show a real name."""
+    from mlxspec.targets.drafts import DEFAULT_FALLBACK
+    from mlxspec.targets.loading import resolve
+
+    if draft != "default":
+        return draft
+    return store.default_draft(resolve(target)[0]) or DEFAULT_FALLBACK
+
+
+def measured_target(model: str, dtype: str, backend: str, device: Optional[str]) -> Any:
+    """``--model`` as the measurements take it: the spec on MLX (they load it themselves),
+    the model already loaded on torch."""
+    spec = backend_spec(backend, device)
+    if spec == "mlx":
+        return model
+    from mlxspec.targets import loading
+
+    return loading.load(model, dtype, spec)

@@ -1,0 +1,131 @@
+"""The one thread that runs the model: it opens a ``Session`` and decodes queued jobs one at a
+time, handing the engine's events back to the handler thread that waits for them."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxspec.core.events import Done, Event
+from mlxspec.core.ops import ops_for
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.errors import MlxspecError
+from mlxspec.serve.requests import ApiError, ServeOptions
+from mlxspec.session import Session
+from mlxspec.targets.costcurve import stderr_line
+
+Log = Callable[[str], None]
+
+_END = object()  # a job's last item
+
+
+@dataclass
+class Job:
+    """One request on its way through the decoder: the engine's events come back on ``items``;
+    setting ``cancel`` stops decoding after the current step."""
+
+    ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    seed: int
+    items: queue.Queue = field(default_factory=queue.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def events(self) -> Iterator[Event]:
+        """The engine's events until the job ends; an engine failure is raised here."""
+        while (item := self.items.get()) is not _END:
+            if isinstance(item, MlxspecError):
+                raise ApiError(400, str(item), "invalid_request")
+            if isinstance(item, BaseException):
+                raise ApiError(500, f"decoding failed: {item!r}", "server_error", "server_error")
+            yield item
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What handler threads may read about the loaded model (fixed once loaded)."""
+
+    name: str
+    tokenizer: Any
+    context_length: int
+    vocab_size: int  # token ids a request may send: 0 .. vocab_size - 1
+    drafter: str | None
+    k: int | str
+
+
+class Decoder:
+    """The one thread that runs MLX: it loads the target, makes the drafter and the K policy, then
+    decodes queued jobs one at a time. The queue is the lock around the engine; keeping every MLX
+    call on one long-lived thread also keeps MLX's per-thread state off the short-lived handler
+    threads (whose exit-time destructors can abort the process, see ``tui.threads``)."""
+
+    def __init__(self, options: ServeOptions, loaded: Any = None, log: Log | None = None):
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.cancelled = 0  # jobs stopped before the engine finished (client gone, stop string)
+        self.info: ModelInfo | None = None
+        self._current: Job | None = None
+        self._ready = threading.Event()
+        self._closing = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(options, loaded, log), name="mlxspec-decoder",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            self._thread.join()
+            raise self._failure
+
+    def submit(self, job: Job) -> None:
+        self.jobs.put(job)
+
+    def close(self) -> None:
+        """Stop after the current step; queued jobs end empty. Waits for the thread to be gone."""
+        from mlxspec.tui.threads import wait_for_thread_exit
+
+        self._closing.set()
+        if (job := self._current) is not None:
+            job.cancel.set()
+        self.jobs.put(None)
+        self._thread.join()
+        wait_for_thread_exit(self._thread.native_id)
+
+    def _run(self, options: ServeOptions, loaded: Any, log: Log | None) -> None:
+        try:
+            session = Session.open(options.session, loaded, log=log if log is not None else stderr_line)
+        except BaseException as e:  # reported by the constructor on the caller's thread
+            self._failure = e
+            self._ready.set()
+            return
+        lm, drafter = session.lm, session.drafter
+        k = f"tree {options.tree}" if options.tree is not None else "auto" if options.k is None else options.k
+        self.info = ModelInfo(lm.name, lm.tokenizer, lm.context_length, lm.config.vocab_size,
+                              drafter.name if drafter else None, k)
+        self._ready.set()
+        while (job := self.jobs.get()) is not None:
+            self._current = job
+            self._decode(job, session)
+            self._current = None
+        ops_for(lm.model).synchronize()
+
+    def _decode(self, job: Job, session: Session) -> None:
+        if job.cancel.is_set() or self._closing.is_set():  # its client left while it queued, or we stop
+            job.items.put(_END)
+            return
+        # A request that continues the last conversation prefills only what is new (keep=True).
+        events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True)
+        try:
+            for ev in events:
+                job.items.put(ev)
+                if job.cancel.is_set() and not isinstance(ev, Done):
+                    self.cancelled += 1
+                    break
+        except Exception as e:  # the handler turns it into an error response
+            job.items.put(e)
+        finally:
+            events.close()
+            ops_for(session.lm.model).synchronize()  # target-only decoding leaves one step in flight when stopped early
+            job.items.put(_END)
+

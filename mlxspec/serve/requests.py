@@ -1,0 +1,177 @@
+"""What a client asks of ``mlxspec serve``: the server's options and one generation request,
+parsed and checked as OpenAI's API shapes them. Pure: tested without a model."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.errors import MlxspecError
+from mlxspec.session import SessionOptions
+
+MAX_STOPS = 4  # as OpenAI's API
+CHAT, TEXT = "chat", "text"  # the two generation endpoints
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``mlxspec serve`` was started with; the sampling values are request defaults."""
+
+    model: str = "default"
+    draft: str = "none"
+    k: int | str | None = None  # as ``--k``: None (auto with a drafter), an int or "auto"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    dtype: str = "auto"
+    remeasure_cost: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tree: Any = None  # a ``TreeShape`` (--tree): every request drafts trees of it
+    backend: str = "mlx"  # or "torch[:DEVICE]" (--backend, --device)
+
+    @property
+    def session(self) -> SessionOptions:
+        return SessionOptions(self.model, self.dtype, self.backend, self.draft, self.k, self.tree, self.remeasure_cost)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One parsed ``/v1/chat/completions`` (``kind`` CHAT) or ``/v1/completions`` (TEXT) body."""
+
+    kind: str
+    prompt: str | list[dict[str, str]] | list[int]  # text, chat messages, or token ids
+    params: SamplingParams
+    max_tokens: int
+    seed: int
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    token_status: bool = False
+
+
+class ApiError(Exception):
+    """A request the server refuses, as OpenAI shapes it: an HTTP status and ``{"error": ...}``."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code, self.kind = status, message, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}
+
+
+def parse_json(raw: bytes) -> dict:
+    """The request body as a JSON object, or a 400."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+    return body
+
+
+def check_model(body: dict, names: frozenset[str]) -> None:
+    """The server serves one model: accept its names (and a request that names none)."""
+    name = body.get("model")
+    if name is not None and name not in names:
+        served = ", ".join(sorted(names))
+        raise ApiError(404, f"the model {name!r} does not exist here; this server serves: {served}",
+                       "model_not_found")
+
+
+def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozenset[str]) -> GenerationRequest:
+    """A chat or text completion request, checked; absent sampling fields take the server's
+    defaults. Fields this server does not implement (tools, logprobs, penalties) are ignored."""
+    check_model(body, names)
+    prompt = _messages(body) if kind == CHAT else _text_prompt(body)
+    if _field(body, "n", int, 1) != 1:
+        raise ApiError(400, "only n=1 is supported", "unsupported_value")
+    max_tokens = _field(body, "max_completion_tokens", int, None)
+    max_tokens = _field(body, "max_tokens", int, options.max_tokens) if max_tokens is None else max_tokens
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be >= 1, got {max_tokens}", "invalid_value")
+    try:
+        params = SamplingParams(_field(body, "temperature", float, options.temperature),
+                                _field(body, "top_p", float, options.top_p))
+    except MlxspecError as e:
+        raise ApiError(400, str(e), "invalid_value") from None
+    seed = _field(body, "seed", int, None)
+    extension = _field(body, "mlxspec", dict, {})
+    stream_options = _field(body, "stream_options", dict, {})
+    return GenerationRequest(
+        kind, prompt, params, max_tokens,
+        # Like OpenAI: no seed, a fresh draw. MLX keys take an unsigned 64-bit seed; fold any int in.
+        secrets.randbelow(2**31) if seed is None else seed % 2**64,
+        _stops(body.get("stop")), _field(body, "stream", bool, False),
+        bool(stream_options.get("include_usage", False)), bool(extension.get("token_status", False)))
+
+
+_JSON_TYPES = {bool: "a boolean", int: "an integer", float: "a number", dict: "an object"}
+
+
+def _field(body: dict, name: str, kind: type, default: Any) -> Any:
+    """``body[name]`` of JSON type ``kind`` (an int passes as a float; a bool never as a number),
+    ``default`` when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = (isinstance(value, bool) if kind is bool
+          else isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
+          else isinstance(value, int) and not isinstance(value, bool) if kind is int
+          else isinstance(value, kind))
+    if not ok:
+        raise ApiError(400, f"{name} must be {_JSON_TYPES[kind]}, got {value!r}", "invalid_type")
+    return float(value) if kind is float else value
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list of {role, content}", "missing_messages")
+    return [_message(m, i) for i, m in enumerate(messages)]
+
+
+def _message(m: Any, i: int) -> dict[str, str]:
+    """One chat message with its content as text (a list of text parts is joined)."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise ApiError(400, f"messages[{i}] must be an object with a string role", "invalid_messages")
+    content = m.get("content")
+    if content is None:
+        content = ""
+    elif isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise ApiError(400, f"messages[{i}]: only text content parts are supported", "invalid_messages")
+        content = "".join(p["text"] for p in content)
+    elif not isinstance(content, str):
+        raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                       "invalid_messages")
+    return {"role": m["role"], "content": content}
+
+
+def _text_prompt(body: dict) -> str | list[int]:
+    """A completion prompt: a string or token ids, one prompt per request."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise ApiError(400, "prompt must be one non-empty string or one list of token ids", "missing_prompt")
+
+
+def _stops(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
+        raise ApiError(400, f"stop must be a string or a list of up to {MAX_STOPS} strings", "invalid_stop")
+    return tuple(s for s in stops if s)
+

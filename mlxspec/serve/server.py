@@ -1,0 +1,251 @@
+"""The HTTP side of ``mlxspec serve``: handler threads read a request, tokenise it, hand it to
+the ``Decoder`` and write the reply as it decodes; ``run_server`` serves until Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from mlxspec.core.events import Step
+from mlxspec.errors import MlxspecError
+from mlxspec.serve.decoder import Decoder, Job, Log
+from mlxspec.serve.reply import Delta, Reply
+from mlxspec.serve.requests import (
+    CHAT,
+    TEXT,
+    ApiError,
+    GenerationRequest,
+    ServeOptions,
+    check_model,
+    parse_generation,
+    parse_json,
+)
+from mlxspec.serve.responses import ResponseMeta, full_response, stream_chunks
+
+MAX_BODY_BYTES = 8 << 20  # far above any prompt that fits the context; refuses runaway uploads
+
+
+class Server(ThreadingHTTPServer):
+    """The HTTP side: handler threads parse and tokenise, the ``Decoder`` decodes."""
+
+    daemon_threads = True
+
+    def __init__(self, options: ServeOptions, log: Log | None = None):
+        self.options, self.log = options, log
+        self.started = int(time.time())
+        self.tokenizer_lock = threading.Lock()  # a fast tokenizer may refuse concurrent encodes
+        try:
+            super().__init__((options.host, options.port), Handler)
+        except OSError as e:
+            raise MlxspecError(f"cannot listen on {options.host}:{options.port}: {e.strerror}") from None
+
+    def attach(self, decoder: Decoder) -> None:
+        """The decoder this server hands requests to, once its model is loaded."""
+        assert decoder.info is not None
+        self.decoder, self.info = decoder, decoder.info
+        self.names = frozenset({self.info.name, "default", self.options.model})
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def encode(self, req: GenerationRequest) -> list[int]:
+        """Prompt token ids: the chat template for chat, the raw text for completions."""
+        from mlxspec.targets.tokenizer import encode_prompt
+
+        if req.kind == TEXT and isinstance(req.prompt, list):
+            ids = list(req.prompt)
+            # An id past the embedding table reads outside it: garbage, or a crash of the process.
+            bad = next((t for t in ids if not 0 <= t < self.info.vocab_size), None)
+            if bad is not None:
+                raise ApiError(400, f"token id {bad} is outside the vocabulary (0..{self.info.vocab_size - 1})",
+                               "invalid_prompt")
+        else:
+            try:
+                with self.tokenizer_lock:
+                    ids = encode_prompt(self.info.tokenizer, req.prompt, raw=req.kind == TEXT)
+            except Exception as e:  # e.g. a template that refuses the message order
+                raise ApiError(400, f"cannot encode the prompt: {e}", "invalid_prompt") from None
+        if not ids:
+            raise ApiError(400, "the prompt is empty", "missing_prompt")
+        if len(ids) >= self.info.context_length:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens; the model's context is "
+                           f"{self.info.context_length}", "context_length_exceeded")
+        return ids
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [self.model_card()]}
+
+    def model_card(self) -> dict:
+        return {"id": self.info.name, "object": "model", "created": self.started, "owned_by": "mlxspec",
+                "mlxspec": {"drafter": self.info.drafter, "k": self.info.k if self.info.drafter else 0,
+                            "context_length": self.info.context_length}}
+
+    def close(self) -> None:
+        self.server_close()
+        self.decoder.close()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive; streamed replies close their connection instead
+    server: Server
+
+    def do_GET(self) -> None:
+        self._guarded(self._get)
+
+    def do_POST(self) -> None:
+        self._guarded(self._post)
+
+    def _guarded(self, route: Callable[[str], None]) -> None:
+        try:
+            route(self.path.split("?", 1)[0].rstrip("/"))
+        except ApiError as e:
+            self._json(e.status, e.body())
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            self.close_connection = True
+
+    def _get(self, path: str) -> None:
+        if path == "/v1/models":
+            return self._json(200, self.server.models())
+        if path.startswith("/v1/models/"):
+            check_model({"model": path.removeprefix("/v1/models/")}, frozenset({self.server.info.name}))
+            return self._json(200, self.server.model_card())
+        self._no_route("GET", path)
+
+    def _post(self, path: str) -> None:
+        kinds = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT}
+        if path not in kinds:
+            self._read_body()  # keep the connection usable for the next request
+            return self._no_route("POST", path)
+        req = parse_generation(kinds[path], parse_json(self._read_body()), self.server.options, self.server.names)
+        ids = self.server.encode(req)
+        job = Job(ids, req.params, req.max_tokens, req.seed)
+        self.server.decoder.submit(job)
+        reply = Reply(self.server.info.tokenizer, req.stop, len(ids))
+        meta = ResponseMeta.new(req.kind, self.server.info.name)
+        try:
+            (self._stream if req.stream else self._whole)(req, job, reply, meta)
+        finally:
+            job.cancel.set()  # a no-op when the engine already finished
+
+    def _whole(self, req: GenerationRequest, job: Job, reply: Reply, meta: ResponseMeta) -> None:
+        deltas = list(_deltas(job, reply))
+        tokens = [t for d in deltas for t in d.tokens] if req.token_status else None
+        self._json(200, full_response(meta, "".join(d.text for d in deltas), reply, self.server.info, tokens))
+
+    def _stream(self, req: GenerationRequest, job: Job, reply: Reply, meta: ResponseMeta) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")  # the body ends when the connection does
+        self.end_headers()
+        self.close_connection = True
+        try:
+            for obj in stream_chunks(meta, req, _deltas(job, reply), reply, self.server.info):
+                self._event(json.dumps(obj))
+        except ApiError as e:  # the status line is gone; the error becomes the last event
+            self._event(json.dumps(e.body()))
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            self._log("client went away mid-stream; decoding stopped")
+            return
+        self._event("[DONE]")
+
+    def _event(self, data: str) -> None:
+        self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()
+
+    def _read_body(self) -> bytes:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            raise ApiError(400, "bad Content-Length", "invalid_request")
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the unread body would be taken for the next request
+            raise ApiError(413, f"the request body is {length} bytes; the limit is {MAX_BODY_BYTES}",
+                           "request_too_large")
+        return self.rfile.read(length)
+
+    def _no_route(self, method: str, path: str) -> None:
+        raise ApiError(404, f"no route {method} {path or '/'}; try GET /v1/models, POST /v1/chat/completions "
+                       "or POST /v1/completions", "not_found")
+
+    def _json(self, status: int, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _log(self, line: str) -> None:
+        if self.server.log is not None:
+            self.server.log(line)
+
+    def log_message(self, format: str, *args: Any) -> None:  # the base class names it format
+        self._log(f"{self.address_string()} {format % args}")
+
+
+def _deltas(job: Job, reply: Reply) -> Iterator[Delta]:
+    """The reply's deltas as the engine decodes, ending early at a stop string; leaving early
+    (a stop string, or the caller closing this) cancels the job."""
+    try:
+        for ev in job.events():
+            if isinstance(ev, Step):
+                yield reply.step(ev)
+                if reply.stopped:
+                    break
+            else:
+                reply.tally.add(ev)
+        yield reply.finish()
+    finally:
+        job.cancel.set()
+
+
+def start_server(options: ServeOptions, loaded: Any = None, log: Log | None = None) -> Server:
+    """Bind the socket (first, so a taken port fails before a model loads), then load the model
+    (or take ``loaded``) on the decoder thread; the caller runs ``serve_forever``, then ``close``."""
+    server = Server(options, log)
+    try:
+        server.attach(Decoder(options, loaded, log))
+    except BaseException:
+        server.server_close()
+        raise
+    return server
+
+
+def run_server(options: ServeOptions, log: Log) -> None:
+    """``mlxspec serve``: serve until Ctrl-C, then stop decoding and close cleanly."""
+    server = start_server(options, log=log)
+    info = server.info
+    spec = f"draft {info.drafter}, k {info.k}" if info.drafter else "target-only"
+    log(f"mlxspec serve: {info.name} ({spec}) on {server.url} (Ctrl-C stops)")
+    restore = _stop_on_sigterm()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        log("mlxspec serve: stopping")
+    finally:
+        server.close()
+        restore()
+
+
+def _stop_on_sigterm() -> Callable[[], None]:
+    """Let a service manager's SIGTERM stop the server as cleanly as Ctrl-C; returns the undo."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, previous)
