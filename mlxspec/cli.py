@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -835,10 +836,9 @@ def study(
     domain, by depth and against entropy, beside the published study's figures."""
     from mlxspec.measure import study as st
 
-    if quick:
-        per_domain, max_tokens = st.QUICK_PER_DOMAIN, st.QUICK_MAX_TOKENS
-    st.check_study_args(per_domain, max_tokens, tree, tree_nodes, temp, top_p, draft)
-    st.study_prompts(per_domain)  # the data folder, before the model loads
+    options = st.StudyOptions(model, draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
+                              fresh, held_out, quick).resolved()
+    options.check()
     if out is not None and out.is_dir():
         raise MlxspecError(f"--out {out} is a folder; give a file")
     with _progress() as bar:
@@ -850,8 +850,8 @@ def study(
         def on_log(path: Path, before: int) -> None:
             err.print(f"[dim]log: {path}" + (f" (resuming: {before} prompts done)" if before else "") + "[/]")
 
-        result = st.run_study(_target(model, dtype, backend, device), draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
-                              fresh, progress, on_log=on_log, held_out=held_out)
+        options = replace(options, model=_target(model, dtype, backend, device))
+        result = st.run_study(options, progress, on_log)
     if as_json:
         _print_json(result.to_json())
     else:
