@@ -514,24 +514,16 @@ def parity(
     from mlxspec.torchpath.load import torch_dtype
 
     torch_dtype(dtype, device)
-    k_list = parse_ks(ks)
-    drafts = None if draft is None else [d.strip() for d in draft.split(",")]
-    if drafts is not None and not all(drafts):
-        raise MlxspecError(f"bad --draft {draft!r}: expected drafters separated by commas, e.g. none,ngram:3,self:8")
-    if quick:
-        prompts, k_list, max_tokens, draws = (pa.QUICK["prompts"], list(pa.QUICK["ks"]), pa.QUICK["max_tokens"],
-                                              pa.QUICK["draws"])
-    if prompts < 1 or max_tokens < 1 or draws < 1 or torch_threads < 0:
-        raise MlxspecError("--prompts, --max-tokens and --draws must be >= 1, --torch-threads >= 0")
+    options = pa.ParityOptions(model, device, dtype, ks=parse_ks(ks), drafters=pa.parse_drafters(draft),
+                               prompts=prompts, max_tokens=max_tokens, draws=draws, seed=seed,
+                               threads=torch_threads or None).resolved(quick)
     with _progress() as bar:
         task = bar.add_task("parity", total=None)
 
         def progress(i: int, total: int, label: str) -> None:
             bar.update(task, completed=i, total=total, description=label)
 
-        result = pa.run_parity(model, device, dtype, prompts, drafts, k_list, max_tokens, progress,
-                               draws=draws, repeats=pa.QUICK["repeats"] if quick else pa.SPEED_REPEATS, seed=seed,
-                               threads=torch_threads or None)
+        result = pa.run_parity(options, progress)
     if as_json:
         _print_json(result.to_json())
     else:
