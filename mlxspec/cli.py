@@ -454,27 +454,17 @@ def verify(
 ) -> None:
     """Check that speculative decoding is exact on the real model: a two-sample chi-squared
     test of sampled tokens against target-only decoding, and token-for-token greedy agreement."""
-    from mlxspec.core.drafters import parse_k
-    from mlxspec.core.sampling import SamplingParams
     from mlxspec.measure import equivalence as eq
 
-    parse_k(k)
-    SamplingParams(temp, top_p)
-    if quick:
-        tokens, prompts, greedy_tokens = 600, 3, 24
-    if tokens <= 0 or prompts <= 0 or greedy_tokens <= 0:
-        raise MlxspecError("--tokens, --prompts and --greedy-tokens must be > 0")
+    options = eq.VerifyOptions(model, draft, k, tokens, temp, top_p, prompts=prompts, greedy_tokens=greedy_tokens,
+                               seed=seed, quick=quick).resolved()
     with _progress() as bar:
         task = bar.add_task("verify", total=None)
 
         def progress(i: int, total: int, label: str) -> None:
             bar.update(task, completed=i, total=total, description=label)
 
-        model = _target(model, "auto", backend, device)
-        sampled = eq.sampling_check(model, draft, k, tokens, temp, top_p,
-                                    max_tokens_per_prompt=48 if quick else 128, seed=seed, progress=progress)
-        greedy = eq.greedy_check(model, draft, k, prompts, greedy_tokens, progress=progress)
-    result = {"sampling": sampled, "greedy": greedy, "passed": sampled["passed"] and greedy["passed"]}
+        result = eq.run_verify(replace(options, model=_target(model, "auto", backend, device)), progress).to_json()
     if as_json:
         _print_json(result)
     else:
