@@ -624,8 +624,8 @@ def profile(
         def progress(i: int, total: int, label: str) -> None:
             bar.update(task, completed=i, total=total, description=label)
 
-        result = pr.profile_step(model, draft, k, temp, steps, warmup, repeats, dtype, seed, progress,
-                                 compare=compare)
+        result = pr.profile_step(pr.ProfileOptions(model, draft, k, temp, steps, warmup, repeats, dtype, seed, compare),
+                                 progress)
     if as_json:
         _print_json(result.to_json())
     else:
