@@ -726,8 +726,9 @@ def eval_draft(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     with _progress() as bar:
         task = bar.add_task("eval", total=None)
-        result = ev.eval_draft(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype,
-                               progress=lambda i, n, label: bar.update(task, completed=i, total=n, description=label))
+        options = ev.EvalOptions(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed,
+                                 dtype)
+        result = ev.eval_draft(options, lambda i, n, label: bar.update(task, completed=i, total=n, description=label))
     if as_json:
         _print_json(result.to_json())
     else:
