@@ -7,6 +7,7 @@ through in ``terminal``, ``generate``'s printer in ``printer``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -32,10 +33,6 @@ app = typer.Typer(
 models_app = typer.Typer(help="The local model store: list and fetch registry models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
-# The measurement commands' bodies (rewritten on other branches, issue 22) call these helpers by
-# the private names they had here; these aliases go when those bodies call the public ones.
-_k_option, _tree_option, _named_draft, _target = k_option, tree_option, named_draft, measured_target
-_print_json, _write_json = print_json, write_json
 
 
 @app.command()
@@ -179,8 +176,8 @@ def bench(
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
     from mlxspec.measure import bench as b
 
-    shape = _tree_option(tree, tree_nodes, k, draft)
-    k = _k_option(k, draft)
+    shape = tree_option(tree, tree_nodes, k, draft)
+    k = k_option(k, draft)
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     if repeats < 1 or warmup < 0:
@@ -194,14 +191,14 @@ def bench(
                                                         torch_cols, torch_device, torch_threads or ()), progress)
         else:
             result = b.spec_bench(b.SpecOptions(
-                _target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories,
+                measured_target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories,
                 per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
                 remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k), progress)
     if as_json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     else:
         b.print_result(result, Console())
-    _write_json(result.to_json(), out)
+    write_json(result.to_json(), out)
 
 
 @app.command()
@@ -224,27 +221,17 @@ def verify(
 ) -> None:
     """Check that speculative decoding is exact on the real model: a two-sample chi-squared
     test of sampled tokens against target-only decoding, and token-for-token greedy agreement."""
-    from mlxspec.core.drafters import parse_k
-    from mlxspec.core.sampling import SamplingParams
     from mlxspec.measure import equivalence as eq
 
-    parse_k(k)
-    SamplingParams(temp, top_p)
-    if quick:
-        tokens, prompts, greedy_tokens = 600, 3, 24
-    if tokens <= 0 or prompts <= 0 or greedy_tokens <= 0:
-        raise MlxspecError("--tokens, --prompts and --greedy-tokens must be > 0")
+    options = eq.VerifyOptions(model, draft, k, tokens, temp, top_p, prompts=prompts, greedy_tokens=greedy_tokens,
+                               seed=seed, quick=quick).resolved()
     with progress_bar("verify") as progress:
-        model = _target(model, "auto", backend, device)
-        sampled = eq.sampling_check(model, draft, k, tokens, temp, top_p,
-                                    max_tokens_per_prompt=48 if quick else 128, seed=seed, progress=progress)
-        greedy = eq.greedy_check(model, draft, k, prompts, greedy_tokens, progress=progress)
-    result = {"sampling": sampled, "greedy": greedy, "passed": sampled["passed"] and greedy["passed"]}
+        result = eq.run_verify(replace(options, model=measured_target(model, "auto", backend, device)), progress).to_json()
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         eq.print_verify(result, Console())
-    _write_json(result, out)
+    write_json(result, out)
     if not result["passed"]:
         raise typer.Exit(1)
 
@@ -279,24 +266,16 @@ def parity(
     from mlxspec.torchpath.load import torch_dtype
 
     torch_dtype(dtype, device)
-    k_list = parse_ks(ks)
-    drafts = None if draft is None else [d.strip() for d in draft.split(",")]
-    if drafts is not None and not all(drafts):
-        raise MlxspecError(f"bad --draft {draft!r}: expected drafters separated by commas, e.g. none,ngram:3,self:8")
-    if quick:
-        prompts, k_list, max_tokens, draws = (pa.QUICK["prompts"], list(pa.QUICK["ks"]), pa.QUICK["max_tokens"],
-                                              pa.QUICK["draws"])
-    if prompts < 1 or max_tokens < 1 or draws < 1 or torch_threads < 0:
-        raise MlxspecError("--prompts, --max-tokens and --draws must be >= 1, --torch-threads >= 0")
+    options = pa.ParityOptions(model, device, dtype, ks=parse_ks(ks), drafters=pa.parse_drafters(draft),
+                               prompts=prompts, max_tokens=max_tokens, draws=draws, seed=seed,
+                               threads=torch_threads or None).resolved(quick)
     with progress_bar("parity") as progress:
-        result = pa.run_parity(model, device, dtype, prompts, drafts, k_list, max_tokens, progress,
-                               draws=draws, repeats=pa.QUICK["repeats"] if quick else pa.SPEED_REPEATS, seed=seed,
-                               threads=torch_threads or None)
+        result = pa.run_parity(options, progress)
     if as_json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     else:
         pa.print_parity(result, Console())
-    _write_json(result.to_json(), out)
+    write_json(result.to_json(), out)
     if not result.passed:
         err.print(f"parity: missed goal(s): {'; '.join(result.goals.missed())}")
         raise typer.Exit(1)
@@ -337,8 +316,8 @@ def sweep(
 
     k_list = sw.parse_ks(ks)
     shapes = _sweep_flags(temp, top_p, trees, tree_nodes, tui)
-    draft = _named_draft(draft, model)
-    options = sw.SweepOptions(k_list, _target(model, dtype, backend, device), draft, temp, top_p, prompts_file,
+    draft = named_draft(draft, model)
+    options = sw.SweepOptions(k_list, measured_target(model, dtype, backend, device), draft, temp, top_p, prompts_file,
                               per_category, categories, max_tokens, warmup, repeats, seed, dtype, auto=auto,
                               remeasure_cost=remeasure_cost, trees=shapes)
     if tui:
@@ -352,10 +331,10 @@ def sweep(
         with progress_bar("sweep") as progress:
             result = sw.run_sweep(options, progress)
     if as_json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     else:
         sw.print_sweep(result, Console())
-    _write_json(result.to_json(), out)
+    write_json(result.to_json(), out)
     for path in sw.write_files(result, csv_out, plot_out):
         err.print(f"[dim]wrote {path}[/]")
 
@@ -395,13 +374,13 @@ def profile(
     from mlxspec.measure import profile as pr
 
     with progress_bar("profile") as progress:
-        result = pr.profile_step(model, draft, k, temp, steps, warmup, repeats, dtype, seed, progress,
-                                 compare=compare)
+        result = pr.profile_step(pr.ProfileOptions(model, draft, k, temp, steps, warmup, repeats, dtype, seed, compare),
+                                 progress)
     if as_json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     else:
         pr.print_profile(result, Console())
-    _write_json(result.to_json(), out)
+    write_json(result.to_json(), out)
 
 
 @app.command("train-draft")
@@ -452,7 +431,7 @@ def train_draft(
         result = run.train_draft(run.TrainOptions(**{k: v for k, v in flags.items() if k != "as_json"}), progress.report)
     err.print(result.message)
     if as_json:
-        _print_json(result.summary)
+        print_json(result.summary)
 
 
 @app.command("eval-draft")
@@ -477,14 +456,14 @@ def eval_draft(
 
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    options = ev.EvalOptions(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype)
     with progress_bar("eval") as progress:
-        result = ev.eval_draft(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype,
-                               progress=progress)
+        result = ev.eval_draft(options, progress)
     if as_json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     else:
         ev.print_eval(result, Console())
-    _write_json(result.to_json(), out)
+    write_json(result.to_json(), out)
 
 
 @app.command("export-draft")
@@ -567,23 +546,22 @@ def study(
     domain, by depth and against entropy, beside the published study's figures."""
     from mlxspec.measure import study as st
 
-    if quick:
-        per_domain, max_tokens = st.QUICK_PER_DOMAIN, st.QUICK_MAX_TOKENS
-    st.check_study_args(per_domain, max_tokens, tree, tree_nodes, temp, top_p, draft)
-    st.study_prompts(per_domain)  # the data folder, before the model loads
+    options = st.StudyOptions(model, draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
+                              fresh, held_out, quick).resolved()
+    options.check()
     if out is not None and out.is_dir():
         raise MlxspecError(f"--out {out} is a folder; give a file")
     with progress_bar("study: loading") as progress:
         def on_log(path: Path, before: int) -> None:
             err.print(f"[dim]log: {path}" + (f" (resuming: {before} prompts done)" if before else "") + "[/]")
 
-        result = st.run_study(_target(model, dtype, backend, device), draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
-                              fresh, progress, on_log=on_log, held_out=held_out)
+        options = replace(options, model=measured_target(model, dtype, backend, device))
+        result = st.run_study(options, progress, on_log)
     if as_json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     else:
         st.print_study(result, Console())
-    _write_json(result.to_json(), out)
+    write_json(result.to_json(), out)
     prefix = plot if plot is not None else out.with_suffix("") if out is not None else None
     if prefix is not None:
         for p in st.plot_study(result, prefix):

@@ -326,7 +326,7 @@ def test_permutation_statistic_matches_scipy_and_is_calibrated():
     a, b = seqs(), seqs()
     table = np.stack([a.sum(0), b.sum(0)])
     chi2 = chi2_contingency(table, correction=False)[0]
-    assert equivalence._chi2_stat(table[:1].astype(float), table.sum(0).astype(float))[0] == pytest.approx(chi2)
+    assert equivalence.chi2_stat(table[:1].astype(float), table.sum(0).astype(float))[0] == pytest.approx(chi2)
     assert equivalence.permutation_p(a, a.copy(), 0.0, permutations=200) == 1.0
     # Under the null the permutation p-value is not small, while the asymptotic one often is.
     perm = [equivalence.permutation_p(x, y, chi2_contingency(np.stack([x.sum(0), y.sum(0)]), correction=False)[0],
@@ -351,12 +351,13 @@ def test_verify_prompts_interleave_categories():
 @pytest.mark.model
 def test_quick_verify_passes(lm):
     """What `mlxspec verify --quick` runs in CI: both checks pass on the real model."""
-    s = equivalence.sampling_check(lm, draft=QUICK_DRAFT, k=4, seed=0, **equivalence.QUICK_SAMPLING)
+    quick = equivalence.VerifyOptions(lm, QUICK_DRAFT, 4, seed=0, quick=True).resolved()
+    s = equivalence.sampling_check(quick)
     assert s["target_only"]["tokens"] >= 600 and s["speculative"]["tokens"] >= 600
     assert s["dof"] >= 10, "too few bins for a meaningful test"
     assert 0 < s["speculative"]["acceptance_rate"] < 1
     assert s["passed"], f"chi2={s['chi2']:.1f} dof={s['dof']} p={s['p']:.3g}"
-    g = equivalence.greedy_check(lm, draft=QUICK_DRAFT, k=4, **equivalence.QUICK_GREEDY)
+    g = equivalence.greedy_check(quick)
     assert g["summary"]["tokens_compared"] == 3 * 24
     assert g["passed"], g["results"]
     result = json.loads(json.dumps({"sampling": s, "greedy": g}))  # JSON-serialisable

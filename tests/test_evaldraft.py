@@ -4,15 +4,15 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxspec.cli import app
-from mlxspec.measure.evaldraft import eval_draft, tau_at
+from mlxspec.measure.evaldraft import EvalOptions, eval_draft, tau_at
 
 pytestmark = pytest.mark.model
 
 
 def test_eval_uses_the_engine_on_held_out_prompts(lm, quick_draft):
     out, _ = quick_draft
-    result = eval_draft(lm, str(out), ks=(2, 4), temps=(0.0, 1.0), per_category=1, max_tokens=12,
-                        categories=("mt_bench", "math_reasoning"))
+    result = eval_draft(EvalOptions(lm, str(out), ks=(2, 4), temps=(0.0, 1.0), per_category=1, max_tokens=12,
+                                    categories=("mt_bench", "math_reasoning")))
     assert [(r.temp, r.k) for r in result.results] == [(0.0, 2), (0.0, 4), (1.0, 2), (1.0, 4)]
     for r in result.results:
         assert 0.0 <= r.tau <= r.k and len(r.acceptance) == r.k

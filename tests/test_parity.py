@@ -39,7 +39,7 @@ def tl():
 
 @pytest.fixture(scope="module")
 def tiny(tl):
-    return pa.run_parity(tl, "cpu", **TINY)
+    return pa.run_parity(pa.ParityOptions(tl, "cpu", **TINY))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def perturbed(tl):
     try:
         with torch.no_grad():
             w.mul_(1.5)
-        return pa.run_parity(tl, "cpu", **{**TINY, "drafters": ["none"], "ks": [1], "draws": 10})
+        return pa.run_parity(pa.ParityOptions(tl, "cpu", **{**TINY, "drafters": ["none"], "ks": [1], "draws": 10}))
     finally:
         with torch.no_grad():
             w.copy_(saved)
@@ -60,7 +60,7 @@ def perturbed(tl):
 
 
 def test_relative_difference_is_per_row_over_the_largest_magnitude():
-    s = pa._DiffSum("x")
+    s = pa.DiffSum("x")
     s.add(np.array([[10.0, -1.0], [0.5, 0.25]]), np.array([[10.0, -1.5], [0.5, 0.2]]))
     d = s.diff()
     assert d.max_rel == pytest.approx(0.1)  # row 2: 0.05 / 0.5
@@ -151,14 +151,15 @@ def test_default_drafters_of_the_default_model(tl):
 @pytest.mark.model
 def test_cli_exit_code_follows_the_goals(monkeypatch, tiny, perturbed):
     calls = []
-    monkeypatch.setattr(pa, "run_parity", lambda *a, **k: calls.append((a, k)) or tiny)
+    monkeypatch.setattr(pa, "run_parity", lambda options, progress: calls.append(options) or tiny)
     r = runner.invoke(app, ["parity", "--quick", "--json", "--draft", "none, ngram:3"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["passed"] is True
-    ((args, kwargs),) = calls
-    assert args[:6] == ("default", "cpu", "auto", pa.QUICK["prompts"], ["none", "ngram:3"], list(pa.QUICK["ks"]))
-    assert kwargs["draws"] == pa.QUICK["draws"] and kwargs["threads"] is None
-    monkeypatch.setattr(pa, "run_parity", lambda *a, **k: perturbed)
+    (o,) = calls
+    assert (o.model, o.device, o.dtype, o.prompts, o.drafters, o.ks) == (
+        "default", "cpu", "auto", pa.QUICK["prompts"], ["none", "ngram:3"], list(pa.QUICK["ks"]))
+    assert o.draws == pa.QUICK["draws"] and o.repeats == pa.QUICK["repeats"] and o.threads is None
+    monkeypatch.setattr(pa, "run_parity", lambda options, progress: perturbed)
     r = runner.invoke(app, ["parity", "--quick"])
     assert r.exit_code == 1
     assert "parity: missed goal(s): logits" in r.output and "greedy" in r.output
@@ -197,6 +198,6 @@ def test_cli_without_torch_says_how_to_install(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU and torch with CUDA")
 def test_cuda_parity_float32():
     """The CUDA parity run, float32: the same goals as on the CPU."""
-    r = pa.run_parity("default", "cuda", "float32", **{**TINY, "drafters": ["none", "ngram:3", "smollm2-135m-eagle"],
-                                                       "threads": None})
+    r = pa.run_parity(pa.ParityOptions("default", "cuda", "float32", **{
+        **TINY, "drafters": ["none", "ngram:3", "smollm2-135m-eagle"], "threads": None}))
     assert r.torch.device == "cuda" and r.passed, r.goals.missed()

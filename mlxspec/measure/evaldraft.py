@@ -4,7 +4,8 @@ For each temperature and K: mean accepted drafts per verification step (tau) and
 acceptance rate of each draft position, on held-out prompts (Spec-Bench, which draft
 training never sees), plus the draft's and the target pass's time per step.
 
-The result is an ``EvalResult`` record; its ``to_json()`` is the JSON (schema 2, see ``runs``).
+``eval_draft`` takes an ``EvalOptions`` record; the result is an ``EvalResult`` record, its
+``to_json()`` the JSON (schema 2, see ``runs``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from rich.table import Table
 
 from mlxspec.core.drafters import parse_k
 from mlxspec.core.sampling import SamplingParams
@@ -60,42 +63,56 @@ class EvalResult:
                 "max_tokens": self.max_tokens, "note": self.note, "results": [asdict(r) for r in self.results]}
 
 
-def eval_draft(
-    target: Any,
-    draft: str,
-    ks: Sequence[int] = EVAL_KS,
-    temps: Sequence[float] = (0.0, 1.0),
-    per_category: int = 1,
-    max_tokens: int = 48,
-    categories: Sequence[str] | None = None,
-    seed: int = 0,
-    dtype: str = "auto",
-    progress: Callable[[int, int, str], None] | None = None,
-) -> EvalResult:
-    """tau and acceptance by position of ``draft`` on ``target`` for every temperature and K,
-    prompt i sampled with seed ``seed + i``."""
-    for k in ks:
+@dataclass(frozen=True)
+class EvalOptions:
+    """What ``mlxspec eval-draft`` is asked for: the draft on ``model`` (a spec or a loaded
+    model) at every K of ``ks`` and temperature of ``temps``, on ``per_category`` held-out
+    Spec-Bench prompts of each of ``categories`` (None: all), prompt i sampled with seed
+    ``seed + i``."""
+
+    model: Any
+    draft: str
+    ks: Sequence[int] = EVAL_KS
+    temps: Sequence[float] = (0.0, 1.0)
+    per_category: int = 1
+    max_tokens: int = 48
+    categories: Sequence[str] | None = None
+    seed: int = 0
+    dtype: str = "auto"
+
+
+def _row(lm: Any, drafter: Any, ids: list[list[int]], stop: set[int], temp: float, k: int, o: EvalOptions,
+         done: Callable[[str], None]) -> EvalRow:
+    """One (temperature, K) over every prompt."""
+    params = SamplingParams(temp)
+    runs = []
+    for i, p in enumerate(ids):
+        runs.append(engine_run(lm, p, params, o.max_tokens, stop, o.seed + i, drafter, k))
+        done(f"T={temp:g} K={k}")
+    s = method_stats(runs, k)
+    return EvalRow(temp, k, s.tau, s.acceptance, s.tokens_per_step, s.tps, s.draft_ms, s.verify_ms, s.steps, s.tokens)
+
+
+def eval_draft(options: EvalOptions, progress: Callable[[int, int, str], None] | None = None) -> EvalResult:
+    """tau and acceptance by position of the options' draft for every temperature and K."""
+    o = options
+    for k in o.ks:
         parse_k(k)
-    if not ks or not temps:
+    if not o.ks or not o.temps:
         raise MlxspecError("eval-draft needs at least one K and one temperature")
-    items, note = spec_bench_prompts(list(categories) if categories else None, per_category)
+    items, note = spec_bench_prompts(list(o.categories) if o.categories else None, o.per_category)
     lm, drafter, stop, ids = prepare_speculative_run(
-        target, draft, dtype, items, max_tokens, no_drafter="eval-draft needs a drafter, got 'none'")
-    total, done = len(ks) * len(temps) * len(ids), 0
-    results = []
-    for temp in temps:
-        params = SamplingParams(temp)
-        for k in ks:
-            runs = []
-            for i, p in enumerate(ids):
-                runs.append(engine_run(lm, p, params, max_tokens, stop, seed + i, drafter, k))
-                done += 1
-                if progress:
-                    progress(done, total, f"T={temp:g} K={k}")
-            s = method_stats(runs, k)
-            results.append(EvalRow(temp, k, s.tau, s.acceptance, s.tokens_per_step, s.tps, s.draft_ms, s.verify_ms,
-                                   s.steps, s.tokens))
-    return EvalResult(run_header(lm), draft, [it["id"] for it in items], max_tokens, note, results)
+        o.model, o.draft, o.dtype, items, o.max_tokens, no_drafter="eval-draft needs a drafter, got 'none'")
+    total, count = len(o.ks) * len(o.temps) * len(ids), 0
+
+    def done(label: str) -> None:
+        nonlocal count
+        count += 1
+        if progress:
+            progress(count, total, label)
+
+    results = [_row(lm, drafter, ids, stop, temp, k, o, done) for temp in o.temps for k in o.ks]
+    return EvalResult(run_header(lm), o.draft, [it["id"] for it in items], o.max_tokens, note, results)
 
 
 def tau_at(result: EvalResult, temp: float, k: int) -> float | None:
@@ -103,8 +120,6 @@ def tau_at(result: EvalResult, temp: float, k: int) -> float | None:
 
 
 def print_eval(result: EvalResult, console) -> None:
-    from rich.table import Table
-
     table = Table(title=f"draft {result.draft}: acceptance on {len(result.prompts)} held-out prompts")
     for col in ("T", "K", "tau", "acceptance by position", "draft ms/step", "verify ms/step", "tok/s"):
         table.add_column(col, justify="right")
