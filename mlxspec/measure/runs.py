@@ -451,8 +451,7 @@ def prepare_speculative_run(model_spec: Any, draft: str, dtype: str, items: list
     from mlxspec.targets.drafts import make_drafter
     from mlxspec.targets.tokenizer import stop_token_ids
 
-    loaded = hasattr(model_spec, "model") and hasattr(model_spec, "tokenizer")
-    lm = model_spec if loaded else loading.load(model_spec, dtype)
+    lm = loading.as_loaded(model_spec, dtype)
     drafter = make_drafter(draft, lm, lm.dtype)
     if drafter is None:
         raise MlxspecError(no_drafter)

@@ -447,6 +447,12 @@ def resolve(spec: str) -> tuple[str, Path]:
     )
 
 
+def as_loaded(model: Any, dtype: str = "auto") -> Any:
+    """``model`` loaded: a spec (a string) is loaded, anything else is taken as a model already
+    loaded (a ``LoadedModel``, or a test double with its model and tokenizer)."""
+    return load(model, dtype) if isinstance(model, str) else model
+
+
 def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> LoadedModel:
     """A target or draft model by ``spec``, on ``backend``: "mlx", or "torch" / "torch:DEVICE"
     (the same weights copied into torch's llama module; ``torchpath.load``)."""

@@ -115,7 +115,7 @@ def load_pair(model_spec: Any, device: str | None, dtype: str):
     require_torch()
     if getattr(model_spec, "backend", "mlx") != "mlx" and getattr(model_spec, "source", None) is not None:
         return model_spec.source, model_spec
-    if hasattr(model_spec, "model"):
+    if not isinstance(model_spec, str):
         raise MlxspecError("parity needs the torch model (load with backend='torch:DEVICE') or a model spec")
     tl = loading.load(model_spec, dtype, backend=f"torch:{pick_device(device)}")
     return tl.source, tl

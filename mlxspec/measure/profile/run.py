@@ -66,7 +66,7 @@ def profile_step(options: ProfileOptions, progress: Callable[[int, int, str], An
     _check(o)
     draft = profiled_draft(o.draft, o.model)
     params = SamplingParams(o.temp)
-    lm = o.model if hasattr(o.model, "model") else loading.load(o.model, o.dtype)
+    lm = loading.as_loaded(o.model, o.dtype)
     drafter = make_drafter(draft, lm, lm.dtype)
     if drafter is None:
         raise MlxspecError(NO_DRAFTER)

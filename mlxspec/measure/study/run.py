@@ -165,7 +165,7 @@ def run_study(options: StudyOptions, progress: Progress = None,
     ``on_log(path, done_before)`` once the log is open."""
     o = options
     shape, params = o.check()
-    lm = o.model if hasattr(o.model, "model") else loading.load(o.model, o.dtype)
+    lm = loading.as_loaded(o.model, o.dtype)
     draft = default_draft(lm) if o.draft == "default" else o.draft
     items, notes = _prompts_for(draft, o)
     session = _branching_session(lm, draft, shape)
