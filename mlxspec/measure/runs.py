@@ -32,6 +32,10 @@ from typing import Any
 from mlxspec.core.events import Done, Event, Step
 from mlxspec.errors import MlxspecError
 from mlxspec.session import Session
+from mlxspec.runtime import BLAS, backend_description, torch_description
+from mlxspec.targets import loading
+from mlxspec.targets.drafts import make_drafter
+from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
 from mlxspec.targets.store import data_dir  # noqa: F401  (re-exported: measurements read their prompts there)
 
 SCHEMA = 2
@@ -306,7 +310,6 @@ def run_header(lm: Any) -> RunHeader:
     """The header of a measurement on ``lm`` (a ``LoadedModel``), dated now."""
     import mlx.core as mx
 
-    from mlxspec.runtime import BLAS, backend_description, torch_description
 
     return RunHeader(
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -426,7 +429,6 @@ def spec_bench_prompts(
 def encode_prompts(lm: Any, items: list[dict[str, Any]], max_tokens: int) -> list[list[int]]:
     """Every item's text chat-templated and encoded, each checked to leave room for
     ``max_tokens`` new tokens in the context."""
-    from mlxspec.targets.tokenizer import encode_prompt
 
     ids = [encode_prompt(lm.tokenizer, it["text"]) for it in items]
     for it, p in zip(items, ids):
@@ -447,9 +449,6 @@ def prepare_speculative_run(model_spec: Any, draft: str, dtype: str, items: list
     """What bench, sweep and eval-draft start from: the target (a spec, or an already loaded
     model), its drafter, the stop tokens and every prompt encoded and checked against the context.
     ``no_drafter`` is the error when ``draft`` names no drafter."""
-    from mlxspec.targets import loading
-    from mlxspec.targets.drafts import make_drafter
-    from mlxspec.targets.tokenizer import stop_token_ids
 
     lm = loading.as_loaded(model_spec, dtype)
     drafter = make_drafter(draft, lm, lm.dtype)

@@ -13,6 +13,7 @@ from typing import Any
 
 from mlxspec.core.events import Step
 from mlxspec.errors import MlxspecError
+from mlxspec.targets.tokenizer import encode_prompt
 from mlxspec.serve.decoder import Decoder, Job, Log
 from mlxspec.serve.reply import Delta, Reply
 from mlxspec.serve.requests import (
@@ -57,7 +58,6 @@ class Server(ThreadingHTTPServer):
 
     def encode(self, req: GenerationRequest) -> list[int]:
         """Prompt token ids: the chat template for chat, the raw text for completions."""
-        from mlxspec.targets.tokenizer import encode_prompt
 
         if req.kind == TEXT and isinstance(req.prompt, list):
             ids = list(req.prompt)

@@ -25,6 +25,8 @@ from mlxspec.core.engine import NOT_TRIMMABLE_HINT
 from mlxspec.core.ops import ops_for
 from mlxspec.core.schedule import timed_rounds, warmup_rounds
 from mlxspec.errors import MlxspecError
+from mlxspec.core.autok import extend_curve
+from mlxspec.targets.store import home
 
 SCHEMA = 1
 CONTEXT_TOKENS = 256  # tokens in the cache while timing: a chat turn's worth
@@ -57,7 +59,6 @@ class CostCurve:
 
     def verify_ms(self, k: int) -> float:
         """ms of the pass that verifies ``k`` drafts (k+1 tokens), extrapolated past the end."""
-        from mlxspec.core.autok import extend_curve
 
         return extend_curve(self.ms, k + 1)[k]
 
@@ -83,7 +84,6 @@ def device_name() -> str:
 
 def curve_path(target: str, dtype: str, device: str | None = None) -> Path:
     """Where the curve of ``target`` in ``dtype`` on ``device`` (default: MLX's) is cached."""
-    from mlxspec.targets.store import home
 
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{target}-{dtype}-{device or device_name()}").strip("_")
     return home() / "costcurves" / f"{safe}.json"
