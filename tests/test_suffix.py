@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import time
 
-import mlx.core as mx
 import numpy as np
 import pytest
-from exact import EXACT_TV, EXACT_VOCAB, NUM_TOKENS, engine_distribution, exact_joint, exact_llama, ngram_prompt, tv
+from exact import (
+    EXACT_TV,
+    EXACT_VOCAB,
+    NUM_TOKENS,
+    engine_distribution,
+    exact_joint,
+    exact_llama,
+    ngram_prompt,
+    tv,
+)
 from tiny import lively_target, tiny_target
 
 from mlxspec.core.drafters import Commit
@@ -222,7 +230,13 @@ def test_engine_with_suffix_drafter_is_exactly_the_targets(monkeypatch):
     def run():
         d = SuffixDrafter(3, min_prob=0.0)
         d.remember([b, c, a, b, c, a, b, a, c, c])
-        d.propose = (lambda f: lambda *args: proposals.append(f(*args)) or proposals[-1])(d.propose)
+        propose = d.propose
+
+        def logged(*args):
+            proposals.append(propose(*args))
+            return proposals[-1]
+
+        d.propose = logged
         return generate(target, prompt, params, 5, set(), 64, seed=0, drafter=d, k=4)
 
     e = engine_distribution(run, NUM_TOKENS, EXACT_VOCAB, monkeypatch)

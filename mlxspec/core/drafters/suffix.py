@@ -33,7 +33,7 @@ class _Seq:
     """A sequence in the index: ``tokens[start:]`` are indexed as continuations (their contexts
     may reach back into ``tokens[:start]``, kept for that)."""
 
-    __slots__ = ("tokens", "start")
+    __slots__ = ("start", "tokens")
 
     def __init__(self, tokens: list[int], start: int = 0):
         self.tokens, self.start = tokens, start
