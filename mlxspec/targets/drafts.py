@@ -7,6 +7,7 @@ import mlx.core as mx
 
 from mlxspec.core.drafters import Drafter, ModelDrafter, NgramDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter
+from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
@@ -30,7 +31,7 @@ def _require(target, able: bool, feature: str) -> None:
 
 
 def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
-    """``default``, ``none``, ``ngram[:N]``, ``self:L``, a registry draft name, a trained
+    """``default``, ``none``, ``ngram[:N]``, ``suffix[:N]``, ``self:L``, a registry draft name, a trained
     draft or eagle-head folder, or a draft model path (``LoadedModel`` target)."""
     if spec in ("none", ""):
         return None
@@ -46,6 +47,11 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
         if not n.isdigit():
             raise MlxspecError(f"bad drafter {spec!r}: expected ngram:N with N an integer")
         return NgramDrafter(int(n))
+    if spec == "suffix" or spec.startswith("suffix:"):
+        n = spec.partition(":")[2] or "8"
+        if not n.isdigit():
+            raise MlxspecError(f"bad drafter {spec!r}: expected suffix:N with N an integer")
+        return SuffixDrafter(int(n))
     # Targets that declare nothing (test doubles around our llama) can do everything.
     caps = getattr(getattr(target, "model", None), "capabilities", Capabilities(True, True, True))
     if spec.startswith("self:"):

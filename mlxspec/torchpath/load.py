@@ -8,6 +8,7 @@ from typing import Any
 
 from mlxspec.core.drafters import ModelDrafter, NgramDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
+from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.core.model import Llama as MlxLlama
 from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import default_dtype, pick_device
@@ -40,6 +41,8 @@ def drafter_on_torch(drafter: Any, target: Any) -> Any:
         return None
     if isinstance(drafter, NgramDrafter):
         return NgramDrafter(drafter.n, drafter.min_n, ops=torch_ops)
+    if isinstance(drafter, SuffixDrafter):
+        return SuffixDrafter(drafter.n, drafter.min_n, drafter.max_tokens, drafter.min_prob, ops=torch_ops)
     if isinstance(drafter, EagleDrafter):
         if not isinstance(drafter.head, EagleHead):
             raise MlxspecError(f"cannot move drafter {drafter.name!r} to torch")
