@@ -117,7 +117,7 @@ def models_pull(
 @friendly
 def chat(
     model: str = ModelOpt,
-    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default, none, ngram[:N], self:L or a draft path (cycle with a key)."),
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default, none, ngram[:N], suffix[:N], self:L or a draft path (cycle with a key)."),
     k: Optional[str] = KOpt,
     tree: Optional[str] = TreeOpt,
     tree_nodes: Optional[int] = TreeNodesOpt,

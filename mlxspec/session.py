@@ -71,8 +71,8 @@ class Session:
                 raise MlxspecError(f"--tree needs a drafter, and the default for {self.lm.name} is none; "
                                    "pick one, e.g. --draft self:8")
             if not can_branch(drafter):
-                raise MlxspecError(f"--tree needs a drafter that can branch (a draft model, self:L, an eagle head "
-                                   f"or ngram:N), not {draft if isinstance(draft, str) else drafter.name!r}")
+                raise MlxspecError(f"--tree needs a drafter that can branch (a draft model, self:L, an eagle head, "
+                                   f"ngram:N or suffix:N), not {draft if isinstance(draft, str) else drafter.name!r}")
             self.drafter, self.tree, self.policy = drafter, self.priced(tree), tree.depth
             return self
         self.drafter, self.tree = drafter, None
