@@ -263,6 +263,33 @@ def test_time_verify_warms_up_then_rotates_the_pass_lengths(tiny):
     assert rounds == [1, 2, 3, 4] and {n: len(ms) for n, ms in times.items()} == {1: 4, 3: 4, 5: 4}
 
 
+@pytest.mark.parametrize("busy, cached", [(0.1, True), (0.9, False), (None, True)])
+def test_a_curve_measured_on_a_busy_machine_is_not_cached(tiny, tmp_path, monkeypatch, busy, cached):
+    from mlxspec.targets import costcurve
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(costcurve.CpuMeter, "others_busy", lambda self: busy)
+    monkeypatch.setattr(costcurve, "BUSY_SHARE", 0.3)  # the rule as shipped (conftest lifts it)
+    lines = []
+    curve = costcurve.cost_curve(tiny, 2, reps=1, context_tokens=8, log=lines.append)
+    assert curve.others_busy == busy and len(curve.ms) == 2
+    assert costcurve.curve_path("tiny", "float32").is_file() == cached
+    assert any("not cached" in line for line in lines) != cached
+
+
+def test_the_cpu_meter_sees_other_processes_not_its_own(monkeypatch):
+    from mlxspec.targets import costcurve
+
+    busy, own = iter([100.0, 103.0]), iter([10.0, 11.0])
+    monkeypatch.setattr(costcurve, "_busy_cpu_seconds", lambda: next(busy))
+    monkeypatch.setattr(costcurve, "_own_cpu_seconds", lambda: next(own))
+    monkeypatch.setattr(costcurve.os, "cpu_count", lambda: 2)
+    clock = iter([0.0, 2.0])
+    monkeypatch.setattr(costcurve.time, "perf_counter", lambda: next(clock))
+    meter = costcurve.CpuMeter()
+    assert meter.others_busy() == pytest.approx((3.0 - 1.0) / (2.0 * 2))  # 2 of 4 CPU-seconds were others'
+
+
 def test_a_session_builds_one_policy_per_drafter_and_measures_once(tiny, tmp_path, monkeypatch):
     from mlxspec.session import Session
 

@@ -5,13 +5,17 @@ expected accepted tokens against it (``core.autok``).
 Measured with ``time_verify`` (the sweep's too: two untimed passes per length, then ``reps``
 rounds over all lengths in rotating order, cache trimmed back after every pass; medians), once per target,
 dtype and device, and cached as JSON in ``$MLXSPEC_HOME/costcurves/<target>-<dtype>-<device>.json``;
-``remeasure=True`` (``--remeasure-cost``) measures again.
+``remeasure=True`` (``--remeasure-cost``) measures again. A curve measured while other processes
+kept a good share of the CPUs busy is used for that run only, never cached: later runs on a quiet
+machine would otherwise plan with passes several times too slow.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import resource
 import statistics
 import sys
 import time
@@ -31,6 +35,7 @@ from mlxspec.targets.store import home
 SCHEMA = 1
 CONTEXT_TOKENS = 256  # tokens in the cache while timing: a chat turn's worth
 REPS = 5
+BUSY_SHARE = 0.3  # other processes' share of all CPUs above which a measurement is not cached
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class CostCurve:
     measured: str = ""  # local time of the measurement
     seconds: float = 0.0  # how long measuring took
     schema: int = SCHEMA
+    others_busy: float | None = None  # other processes' share of the CPUs meanwhile (None: not known)
 
     @property
     def max_tokens(self) -> int:
@@ -147,15 +153,47 @@ def measure_cost_curve(lm: Any, max_tokens: int, reps: int = REPS, context_token
     say = log or (lambda _text: None)
     head = f"measuring the verify cost of {lm.name} ({lm.dtype}), passes of 1..{max_tokens} tokens"
     say(f"{head}: warm-up")
-    t0 = time.perf_counter()
+    t0, meter = time.perf_counter(), CpuMeter()
     times = time_verify(lm.model, prompt, sizes, reps, progress=lambda r: say(f"{head}: round {r}/{reps}"))
     seconds = time.perf_counter() - t0
     curve = CostCurve(lm.name, lm.dtype, _device_of(lm), ctx, reps, [statistics.median(times[n]) for n in sizes],
-                      [times[n] for n in sizes], time.strftime("%Y-%m-%dT%H:%M:%S"), seconds)
+                      [times[n] for n in sizes], time.strftime("%Y-%m-%dT%H:%M:%S"), seconds,
+                      others_busy=meter.others_busy())
     say(f"{head}: {curve.ms[0]:.1f} ms for 1 token, {curve.ms[-1]:.1f} ms for {max_tokens} ({seconds:.0f} s)")
     if log is stderr_line and sys.stderr.isatty():
         sys.stderr.write("\n")
     return curve
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (Linux ``/proc/stat``)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+class CpuMeter:
+    """From its creation on: the share of all CPUs that other processes kept busy, from the
+    machine's busy time less this process's own (None where the machine does not say)."""
+
+    def __init__(self):
+        self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
+
+    def others_busy(self) -> float | None:
+        busy, wall = _busy_cpu_seconds(), time.perf_counter() - self.t0
+        if busy is None or self.busy0 is None or wall <= 0:
+            return None
+        others = (busy - self.busy0) - (_own_cpu_seconds() - self.own0)
+        return min(1.0, max(0.0, others / (wall * (os.cpu_count() or 1))))
 
 
 def load_cost_curve(path: Path) -> CostCurve | None:
@@ -176,6 +214,11 @@ def cost_curve(lm: Any, max_tokens: int, remeasure: bool = False, reps: int = RE
     if cached is not None and cached.target == lm.name and cached.dtype == lm.dtype and cached.max_tokens >= max_tokens:
         return cached
     curve = measure_cost_curve(lm, max_tokens, reps, context_tokens, log)
+    if curve.others_busy is not None and curve.others_busy > BUSY_SHARE:
+        if log is not None:
+            log(f"note: other processes kept {curve.others_busy:.0%} of the CPUs busy while the verify cost was "
+                "measured: it is used for this run only, not cached")
+        return curve
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
