@@ -512,6 +512,8 @@ def serve(
 
     SamplingParams(temp, top_p)  # refuse bad defaults before the model loads
     check_max_tokens(max_tokens)
+    if not 0 <= port <= 65535:
+        raise MlxspecError(f"--port must be in 0..65535 (0: any free port), got {port}")
     shape = tree_option(tree, tree_nodes, k, draft)
     options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), temp, top_p, max_tokens, dtype,
                            remeasure_cost, host, port, shape, backend_spec(backend, device))

@@ -78,10 +78,17 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], prompt_opt: 
     if prompt_file is not None:
         if prompt is not None:
             raise MlxspecError("give a prompt or --prompt-file, not both")
-        return read_prompt_file(prompt_file)
+        return nonempty(read_prompt_file(prompt_file), f"prompt file {prompt_file}")
     if prompt is None:
         raise MlxspecError("no prompt: pass PROMPT or --prompt-file FILE")
-    return prompt
+    return nonempty(prompt)
+
+
+def nonempty(text: str, where: str = "the prompt") -> str:
+    """``text`` unless it is empty or only white space: then there is nothing to answer."""
+    if not text.strip():
+        raise MlxspecError(f"{where} is empty" + (" (only white space)" if text else ""))
+    return text
 
 
 def read_prompt_file(prompt_file: Path) -> str:

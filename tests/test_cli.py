@@ -23,7 +23,7 @@ def test_unknown_dtype():
 
 
 def test_negative_temperature():
-    one_line_error(invoke("generate", "hi", "--temp", "-1"), "temperature must be >= 0")
+    one_line_error(invoke("generate", "hi", "--temp", "-1"), "temperature must be a finite number >= 0")
 
 
 def test_non_utf8_prompt_file(tmp_path):
@@ -139,7 +139,7 @@ def test_generate_text_stream():
         (["bench", "--k", "0"], r"--k must be in 1\.\.64"),
         (["bench", "--max-tokens", "0"], "max-tokens must be > 0"),
         (["verify", "--k", "100"], r"--k must be in 1\.\.64"),
-        (["verify", "--temp", "-1"], "temperature must be >= 0"),
+        (["verify", "--temp", "-1"], "temperature must be a finite number >= 0"),
         (["generate", "hi", "--draft", "self:99"], r"self:L needs 1 <= L < 30"),
         (["generate", "hi", "--draft", "ngram:x"], "expected ngram:N"),
         (["generate", "hi", "--k", "0"], r"--k must be in 1\.\.64"),
@@ -312,3 +312,36 @@ def test_chat_takes_a_system_prompt(monkeypatch):
     monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(kw))
     assert invoke("chat", "-d", "none", "--system-prompt", "Answer in French.").exit_code == 0
     assert [c["system"] for c in calls] == ["Answer in French."]
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["generate", ""], "the prompt is empty"),
+        (["generate", "   \n"], r"the prompt is empty \(only white space\)"),
+        (["generate", "hi", "--temp", "inf"], "temperature must be a finite number >= 0, got inf"),
+        (["generate", "hi", "--temp", "nan"], "temperature must be a finite number >= 0, got nan"),
+        (["serve", "--port", "99999"], r"--port must be in 0\.\.65535"),
+        (["serve", "--port", "-1"], r"--port must be in 0\.\.65535"),
+    ],
+)
+def test_inputs_that_once_decoded_or_crashed_are_one_line_errors(args, pattern):
+    one_line_error(invoke(*args), pattern)
+
+
+def test_an_empty_prompt_file_is_an_error(tmp_path):
+    f = tmp_path / "empty.txt"
+    f.write_text("")
+    one_line_error(invoke("generate", "-f", str(f)), "prompt file .*empty.txt is empty")
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 18446744073709551616 * 3 + 5])
+def test_any_integer_seed_makes_a_key(seed):
+    """Seeds are folded into a key's 64 bits on both backends (a negative or huge one used to
+    raise inside ``mx.random.key``)."""
+    from mlxspec.core import ops
+
+    assert ops.key(seed).shape == ops.key(0).shape
+    assert ops.key(seed).tolist() == ops.key(seed % 2**64).tolist()
+    torch_ops = pytest.importorskip("mlxspec.torchpath.ops")
+    assert torch_ops.key(seed) == seed % 2**64

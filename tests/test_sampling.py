@@ -42,7 +42,7 @@ def test_samples_follow_the_processed_distribution():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(temperature=-0.1), "temperature must be >= 0"),
+        (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
         (dict(top_p=0.0), r"top-p must be in \(0, 1\]"),
         (dict(top_p=1.5), r"top-p must be in \(0, 1\]"),
         (dict(top_k=-1), "top-k must be >= 0"),

@@ -69,6 +69,7 @@ def test_chat_content_parts_are_joined():
     (CHAT, {"messages": ["hi"]}, 400, "invalid_messages"),
     (CHAT, {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "temperature": float("inf")}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}, 400, "invalid_type"),

@@ -316,7 +316,7 @@ def test_without_node_stats_the_engine_computes_none():
     (["--prompts-per-domain", "0"], r"--prompts-per-domain must be >= 1, got 0"),
     (["--max-tokens", "0"], r"--max-tokens must be > 0"),
     (["--draft", "none"], r"needs a drafter that can branch, but --draft is none"),
-    (["--temp", "-1"], r"temperature must be >= 0"),
+    (["--temp", "-1"], r"temperature must be a finite number >= 0"),
 ])
 def test_cli_bad_input_is_one_line_errors(args, message):
     from helpers import invoke, one_line_error

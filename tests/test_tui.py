@@ -388,7 +388,7 @@ def test_unexpected_worker_error_is_shown():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"k": 0}, "--k must be in 1..64"),
-    ({"temp": -1.0}, "temperature must be >= 0"),
+    ({"temp": -1.0}, "temperature must be a finite number >= 0"),
     ({"top_p": 0.0}, "top-p must be in"),
     ({"max_tokens": 0}, "--max-tokens must be > 0"),
     ({"dtype": "int3"}, "unknown dtype 'int3'"),

@@ -58,7 +58,8 @@ def astype(x: mx.array, like: mx.array) -> mx.array:
 
 
 def key(seed: int) -> mx.array:
-    return mx.random.key(seed)
+    """A random key from any integer seed, folded into the 64 bits a key holds (as the server does)."""
+    return mx.random.key(seed % 2**64)
 
 
 def split(key: mx.array, n: int) -> mx.array:

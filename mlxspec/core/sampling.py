@@ -23,8 +23,8 @@ class SamplingParams:
     min_p: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise MlxspecError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # also refuses NaN
+            raise MlxspecError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise MlxspecError(f"top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -65,7 +65,8 @@ def astype(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def key(seed: int) -> int:
-    return seed
+    """A random key from any integer seed, folded into the 64 bits a key holds (as the server does)."""
+    return seed % 2**64
 
 
 def split(key: int, n: int) -> list[int]:
