@@ -56,3 +56,12 @@ def test_wheel_generates_with_a_shipped_draft(installed):
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert lines[-1]["summary"]["generated_tokens"] == 8 and lines[-1]["draft"] == "smollm2-135m-eagle"
     assert sum("token" in x for x in lines) >= 8
+
+
+@pytest.mark.model
+def test_the_wheel_carries_the_licence_and_the_cards_name_theirs(installed):
+    site = next((installed.parent / "lib").glob("python*/site-packages"))
+    licence = next(site.glob("mlxspec-*.dist-info/licenses/LICENSE")).read_text()
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
+    for draft in ("smollm2-135m-draft", "smollm2-135m-eagle"):
+        assert "Licence: Apache-2.0" in (site / "mlxspec" / "models" / draft / "README.md").read_text()

@@ -31,6 +31,10 @@ HEAD_WEIGHTS = "head.safetensors"
 CONFIG = "config.json"
 CARD = "README.md"
 
+# Every card this project writes states the licence of the weights it describes.
+CARD_LICENCE = ("Licence: Apache-2.0, like mlxspec and the target whose embeddings it shares. The training "
+                "text's sources and their licences: `mlxspec/training/SOURCES.md`.")
+
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 of the vocabulary (token -> id): what must match between draft and target."""

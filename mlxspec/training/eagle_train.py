@@ -30,7 +30,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlxspec.core.drafters.eagle import EagleHead
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
-from mlxspec.targets.folders import save_head
+from mlxspec.targets.folders import CARD_LICENCE, save_head
 from mlxspec.training import losses as L
 from mlxspec.training.corpus import build_corpus
 from mlxspec.training.distill import choose_vocab
@@ -376,4 +376,6 @@ through the target (features, log-normaliser and argmax cached). Response tokens
 {cats}
 
 Speed and acceptance measured with the real engine: `BENCHMARKS.md`.
+
+{CARD_LICENCE}
 """

@@ -28,7 +28,7 @@ from mlx_lm.models.cache import KVCache
 from mlxspec.core.drafters.draft_model import DraftModel
 from mlxspec.errors import MlxspecError
 from mlxspec.runtime import backend_description
-from mlxspec.targets.folders import read_draft_config, save_draft
+from mlxspec.targets.folders import CARD_LICENCE, read_draft_config, save_draft
 from mlxspec.targets.store import data_dir, home
 from mlxspec.training import losses as L
 from mlxspec.training.distill import DistillSet, batch_arrays, build, training_prompts
@@ -401,6 +401,8 @@ A draft model for `{m.get('target')}` trained by mlxspec with the `{loss}` objec
   {(m.get('generate_s', 0) + m.get('teacher_s', 0)) / 60:.1f} min more (once; cached and shared by every run).
 - Objectives (first -> last 20% of distillation steps): KL {k0:.3f} -> {k1:.3f}; expected accepted
   length per {cfg.k}-window, greedy {e0:.3f} -> {e1:.3f}, sampling {w0:.3f} -> {w1:.3f}.
+
+{CARD_LICENCE}
 """
 
 
