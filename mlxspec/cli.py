@@ -29,6 +29,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # docstrings' wrapped lines reflow to the terminal's width
 )
 models_app = typer.Typer(help="The local model store: list and fetch registry models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
@@ -534,7 +535,7 @@ def study(
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = DtypeOpt,
     quick: bool = typer.Option(False, "--quick", help="A small run for CI: 2 prompts per domain, 24 tokens each."),
-    log: Optional[Path] = typer.Option(None, "--log", help="The per-node JSON-lines log (default: $MLXSPEC_HOME/study/<settings>.jsonl); a rerun with the same settings resumes it."),
+    log: Optional[Path] = typer.Option(None, "--log", help="The per-node JSON-lines log (default: $MLXSPEC_HOME/study/SETTINGS.jsonl, named for the settings); a rerun with the same settings resumes it."),
     fresh: bool = typer.Option(False, "--fresh", help="Start the log again instead of resuming it."),
     held_out: bool = typer.Option(False, "--held-out", help="Pass over the prompts a trained draft was distilled on (the shipped draft saw some HumanEval, GSM8K and FOLIO items), taking the next ones instead."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables."),

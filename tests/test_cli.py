@@ -345,3 +345,11 @@ def test_any_integer_seed_makes_a_key(seed):
     assert ops.key(seed).tolist() == ops.key(seed % 2**64).tolist()
     torch_ops = pytest.importorskip("mlxspec.torchpath.ops")
     assert torch_ops.key(seed) == seed % 2**64
+
+
+def test_help_reflows_docstrings_instead_of_breaking_them_where_the_source_wraps():
+    r = invoke("--help", env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"})
+    assert r.exit_code == 0
+    assert "with the default draft (or --draft; --draft none for target-only decoding)." in r.output
+    study = invoke("study", "--help", env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"}).output
+    assert "study/SETTINGS.jsonl" in study  # nothing in a help text is taken for markup and dropped
