@@ -10,6 +10,7 @@ import http.client
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -339,3 +340,83 @@ def test_a_tree_server_decodes_the_targets_greedy_text(lm, expected):
     finally:
         server.shutdown()
         server.close()
+
+
+# --- HTTP as raw clients speak it ---------------------------------------------------------------
+
+
+def raw_exchange(url: str, data: bytes, wait: float = 30.0) -> tuple[int, dict, dict]:
+    """Send ``data`` on a fresh connection; the status, headers and JSON body of the first reply."""
+    u = urlparse(url)
+    with socket.create_connection((u.hostname, u.port), timeout=wait) as s:
+        s.sendall(data)
+        f = s.makefile("rb")
+        status = int(f.readline().split()[1])
+        headers = {}
+        while (line := f.readline().strip()):
+            k, _, v = line.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        n = 0 if data.startswith(b"HEAD ") else int(headers.get("content-length", 0))  # HEAD: headers only
+        return status, headers, json.loads(f.read(n)) if n else {}
+
+
+@pytest.mark.model
+@client_tests
+@pytest.mark.parametrize("method, path, status, allow", [
+    ("PUT", "/v1/chat/completions", 405, "POST"), ("DELETE", "/v1/completions", 405, "POST"),
+    ("PATCH", "/v1/models", 405, "GET"), ("OPTIONS", "/v1/models/x", 405, "GET"),
+    ("GET", "/v1/chat/completions", 405, "POST"), ("POST", "/v1/models", 405, "GET"),
+    ("PUT", "/nowhere", 404, None), ("BREW", "/v1/models", 501, None),
+])
+def test_every_method_gets_a_json_answer_with_allow(ngram_server, method, path, status, allow):
+    host = urlparse(ngram_server.url).netloc
+    status_got, headers, body = raw_exchange(
+        ngram_server.url, f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+    assert status_got == status and body["error"]["message"]
+    assert headers.get("allow") == allow and headers["content-type"] == "application/json"
+
+
+@pytest.mark.model
+@client_tests
+def test_malformed_http_gets_json_errors_and_the_server_keeps_answering(ngram_server, monkeypatch):
+    from mlxspec.serve.server import Handler
+
+    url, host = ngram_server.url, urlparse(ngram_server.url).netloc
+    status, headers, body = raw_exchange(url, f"HEAD /v1/models HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    assert status == 405 and headers["allow"] == "GET" and body == {}  # a HEAD reply has no body
+    status, _, body = raw_exchange(url, b"\x16\x03\x01 garbage\r\n\r\n")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    chunked = json.dumps({"prompt": "Hi", "max_tokens": 2, "temperature": 0}).encode()
+    status, _, body = raw_exchange(url, (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked"
+                                         f"\r\nContent-Type: application/json\r\n\r\n{len(chunked):x}\r\n").encode()
+                                   + chunked + b"\r\n0\r\n\r\n")
+    assert status == 200 and body["usage"]["completion_tokens"] <= 2
+    big = b"x" * (9 << 20)  # over the limit, sent whole: the client still reads the refusal
+    status, headers, body = raw_exchange(url, f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: "
+                                              f"{len(big)}\r\n\r\n".encode() + big)
+    assert status == 413 and body["error"]["code"] == "request_too_large" and headers["connection"] == "close"
+    surrogate = b'{"messages": [{"role": "user", "content": "\\ud800 hi"}], "max_tokens": 2}'
+    status, _, body = raw_exchange(url, f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: "
+                                        f"{len(surrogate)}\r\n\r\n".encode() + surrogate)
+    assert status == 400 and "lone UTF-16 surrogate" in body["error"]["message"]
+    monkeypatch.setattr(Handler, "timeout", 1.0)
+    status, _, body = raw_exchange(url, f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100"
+                                        f"\r\n\r\n{{\"prompt\"".encode(), wait=10)  # 100 bytes promised, 9 sent
+    assert status == 408 and body["error"]["code"] == "request_timeout"
+    reply = client(url).completions.create(model="default", prompt="Hi", max_tokens=2, temperature=0)
+    assert reply.usage.completion_tokens <= 2
+
+
+@pytest.mark.model
+@client_tests
+def test_a_client_leaving_a_whole_request_stops_its_decoding(ngram_server):
+    url, host = ngram_server.url, urlparse(ngram_server.url).netloc
+    before = ngram_server.decoder.cancelled
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}).encode()
+    s = socket.create_connection((urlparse(url).hostname, urlparse(url).port))
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(1.0)
+    s.close()  # as a client that gave up
+    reply = client(url).completions.create(model="default", prompt="Hi", max_tokens=2, temperature=0)
+    assert reply.usage.completion_tokens <= 2
+    assert ngram_server.decoder.cancelled == before + 1  # the 2,000 tokens were not decoded first

@@ -20,6 +20,7 @@ from mlxspec.targets.costcurve import stderr_line
 Log = Callable[[str], None]
 
 _END = object()  # a job's last item
+ALIVE_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 
 
 @dataclass
@@ -34,14 +35,28 @@ class Job:
     items: queue.Queue = field(default_factory=queue.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
-    def events(self) -> Iterator[Event]:
-        """The engine's events until the job ends; an engine failure is raised here."""
-        while (item := self.items.get()) is not _END:
+    def events(self, alive: Callable[[], bool] | None = None) -> Iterator[Event]:
+        """The engine's events until the job ends; an engine failure is raised here. ``alive``:
+        asked while the job waits and after each event; once it says no (the client left),
+        decoding is cancelled and the events end."""
+        while True:
+            try:
+                item = self.items.get(timeout=None if alive is None else ALIVE_POLL_S)
+            except queue.Empty:
+                if alive():
+                    continue
+                self.cancel.set()
+                return
+            if item is _END:
+                return
             if isinstance(item, MlxspecError):
                 raise ApiError(400, str(item), "invalid_request")
             if isinstance(item, BaseException):
                 raise ApiError(500, f"decoding failed: {item!r}", "server_error", "server_error")
             yield item
+            if alive is not None and not alive():
+                self.cancel.set()
+                return
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,10 @@ class ApiError(Exception):
     """A request the server refuses, as OpenAI shapes it: an HTTP status and ``{"error": ...}``."""
 
     def __init__(self, status: int, message: str, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.code, self.kind = status, message, code, kind
+        self.headers = headers or {}  # e.g. ``Allow`` with a 405
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}

@@ -4,7 +4,9 @@ the ``Decoder`` and write the reply as it decodes; ``run_server`` serves until C
 from __future__ import annotations
 
 import json
+import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +31,10 @@ from mlxspec.serve.requests import (
 from mlxspec.serve.responses import ResponseMeta, full_response, stream_chunks
 
 MAX_BODY_BYTES = 8 << 20  # far above any prompt that fits the context; refuses runaway uploads
+DRAIN_BYTES = 64 << 20  # of a refused body, read and dropped after the refusal (so no reset loses it)
+LINGER_S = 2.0  # how long that dropping may wait for a client that stopped sending
+READ_TIMEOUT_S = 30.0  # a client that stops sending its request (line, headers or body) is let go
+ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
 
 
 class Server(ThreadingHTTPServer):
@@ -67,6 +73,7 @@ class Server(ThreadingHTTPServer):
                 raise ApiError(400, f"token id {bad} is outside the vocabulary (0..{self.info.vocab_size - 1})",
                                "invalid_prompt")
         else:
+            _check_utf8(req.prompt)
             try:
                 with self.tokenizer_lock:
                     ids = encode_prompt(self.info.tokenizer, req.prompt, raw=req.kind == TEXT)
@@ -94,6 +101,7 @@ class Server(ThreadingHTTPServer):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive; streamed replies close their connection instead
+    timeout = READ_TIMEOUT_S  # on the socket: a request that stalls ends its connection
     server: Server
 
     def do_GET(self) -> None:
@@ -102,13 +110,44 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._guarded(self._post)
 
+    def do_HEAD(self) -> None:
+        self._guarded(self._not_allowed)
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD
+
     def _guarded(self, route: Callable[[str], None]) -> None:
         try:
-            route(self.path.split("?", 1)[0].rstrip("/"))
-        except ApiError as e:
-            self._json(e.status, e.body())
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
-            self.close_connection = True
+            try:
+                route(self.path.split("?", 1)[0].rstrip("/"))
+            except ApiError as e:
+                self._json(e.status, e.body(), e.headers)
+                self._linger()
+            except TimeoutError:
+                self._json(408, ApiError(408, f"the request was not received within {self.timeout:g} s",
+                                         "request_timeout").body())
+                self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError):
+            self.close_connection = True  # the client is gone: nobody to tell
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """What the base class answers itself (a garbage request line, headers too long, an
+        unknown method) in the API's JSON error shape instead of an HTML page. A request line
+        without a version is garbage, not HTTP/0.9: it too gets a status line and headers."""
+        self.close_connection, self.request_version = True, self.protocol_version
+        try:
+            self._json(code, ApiError(code, message or self.responses.get(code, ("error",))[0], "invalid_request").body())
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError):
+            pass
+
+    def _not_allowed(self, path: str) -> None:
+        if self.command != "HEAD":
+            self._read_body()
+        if path.startswith("/v1/models/"):
+            path = "/v1/models"
+        if path not in ROUTES:
+            self._no_route(self.command, path)
+        raise ApiError(405, f"{self.command} {path} is not allowed; use {ROUTES[path]}", "method_not_allowed",
+                       headers={"Allow": ROUTES[path]})
 
     def _get(self, path: str) -> None:
         if path == "/v1/models":
@@ -116,13 +155,12 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/v1/models/"):
             check_model({"model": path.removeprefix("/v1/models/")}, frozenset({self.server.info.name}))
             return self._json(200, self.server.model_card())
-        self._no_route("GET", path)
+        self._not_allowed(path)
 
     def _post(self, path: str) -> None:
         kinds = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT}
         if path not in kinds:
-            self._read_body()  # keep the connection usable for the next request
-            return self._no_route("POST", path)
+            return self._not_allowed(path)  # reads the body first: the connection stays usable
         req = parse_generation(kinds[path], parse_json(self._read_body()), self.server.options, self.server.names)
         ids = self.server.encode(req)
         job = Job(ids, req.params, req.max_tokens, req.seed)
@@ -135,7 +173,11 @@ class Handler(BaseHTTPRequestHandler):
             job.cancel.set()  # a no-op when the engine already finished
 
     def _whole(self, req: GenerationRequest, job: Job, reply: Reply, meta: ResponseMeta) -> None:
-        deltas = list(_deltas(job, reply))
+        deltas = list(_deltas(job, reply, alive=self._client_here))
+        if job.cancel.is_set() and not self._client_here():
+            self._log("client went away before its reply; decoding stopped")
+            self.close_connection = True
+            return
         tokens = [t for d in deltas for t in d.tokens] if req.token_status else None
         self._json(200, full_response(meta, "".join(d.text for d in deltas), reply, self.server.info, tokens))
 
@@ -160,7 +202,19 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"data: {data}\n\n".encode())
         self.wfile.flush()
 
+    def _client_here(self) -> bool:
+        """False once the client has closed its end (a readable socket with nothing to read)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return not readable or self.connection.recv(1, socket.MSG_PEEK) != b""
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+
     def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked()
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
@@ -169,22 +223,62 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise ApiError(400, "bad Content-Length", "invalid_request")
         if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the unread body would be taken for the next request
+            self.close_connection, self.unread = True, length  # the unread body would be taken for the next request
             raise ApiError(413, f"the request body is {length} bytes; the limit is {MAX_BODY_BYTES}",
                            "request_too_large")
-        return self.rfile.read(length)
+        body = self.rfile.read(length)
+        if len(body) < length:  # the client closed early
+            self.close_connection = True
+            raise ApiError(400, f"the body ended after {len(body)} of {length} bytes", "invalid_request")
+        return body
+
+    def _read_chunked(self) -> bytes:
+        """A ``Transfer-Encoding: chunked`` body, at most ``MAX_BODY_BYTES``."""
+        body = bytearray()
+        while True:
+            try:
+                size = int(self.rfile.readline(64).split(b";")[0].strip() or b"x", 16)
+            except ValueError:
+                self.close_connection = True
+                raise ApiError(400, "bad chunk size in a chunked body", "invalid_request") from None
+            if size < 0 or len(body) + size > MAX_BODY_BYTES:
+                self.close_connection = True
+                raise ApiError(413, f"the request body is over the limit of {MAX_BODY_BYTES} bytes",
+                               "request_too_large")
+            if size == 0:
+                while self.rfile.readline(1024).strip():  # trailer fields, up to the blank line
+                    pass
+                return bytes(body)
+            body += self.rfile.read(size)
+            self.rfile.readline(3)  # the chunk's CRLF
+
+    unread = 0  # bytes of a refused body still on their way
+
+    def _linger(self) -> None:
+        """After refusing a body: read and forget what the client still sends of it (up to
+        ``DRAIN_BYTES``, ``LINGER_S`` without data at most), so that closing the connection
+        with data unread does not reset it before the client has read the refusal."""
+        left, self.unread = min(self.unread, DRAIN_BYTES), 0
+        self.connection.settimeout(LINGER_S)
+        while left > 0 and (got := self.rfile.read1(min(left, 1 << 20))):
+            left -= len(got)
 
     def _no_route(self, method: str, path: str) -> None:
         raise ApiError(404, f"no route {method} {path or '/'}; try GET /v1/models, POST /v1/chat/completions "
                        "or POST /v1/completions", "not_found")
 
-    def _json(self, status: int, obj: dict) -> None:
+    def _json(self, status: int, obj: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(obj).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def _log(self, line: str) -> None:
         if self.server.log is not None:
@@ -194,11 +288,22 @@ class Handler(BaseHTTPRequestHandler):
         self._log(f"{self.address_string()} {format % args}")
 
 
-def _deltas(job: Job, reply: Reply) -> Iterator[Delta]:
+def _check_utf8(prompt: Any) -> None:
+    """Refuse text that cannot be UTF-8 (JSON allows a lone UTF-16 surrogate, ``"\\ud800"``)."""
+    texts = [prompt] if isinstance(prompt, str) else [m.get("content") or "" for m in prompt if isinstance(m, dict)]
+    for text in texts:
+        try:
+            str(text).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ApiError(400, f"the prompt holds a lone UTF-16 surrogate ({text[e.start]!r} at character {e.start}); "
+                           "send valid Unicode", "invalid_prompt") from None
+
+
+def _deltas(job: Job, reply: Reply, alive: Callable[[], bool] | None = None) -> Iterator[Delta]:
     """The reply's deltas as the engine decodes, ending early at a stop string; leaving early
-    (a stop string, or the caller closing this) cancels the job."""
+    (a stop string, the client gone, or the caller closing this) cancels the job."""
     try:
-        for ev in job.events():
+        for ev in job.events(alive):
             if isinstance(ev, Step):
                 yield reply.step(ev)
                 if reply.stopped:
