@@ -1,0 +1,86 @@
+"""Nothing a client sends takes the server down: seeded random requests (``fuzzhttp``) against a
+live server on a tiny random model with the real tokenizer, loopback only, bounded in count.
+Every request gets a JSON error or a valid reply, nothing hangs, nothing logs a traceback, and a
+normal request is still answered at the end. ``MLXSPEC_FUZZ_REQUESTS=10000`` runs the long soak."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+
+import mlx.core as mx
+import openai
+import pytest
+from fuzzhttp import exchange, request
+
+from mlxspec.core.model import Llama, LlamaConfig
+from mlxspec.serve import ServeOptions, start_server
+from mlxspec.serve.server import Handler
+from mlxspec.targets.loading import LoadedModel
+
+REQUESTS = int(os.environ.get("MLXSPEC_FUZZ_REQUESTS", "300"))
+STALL_S = 0.5  # the server's read timeout here: a request promising more body than it sends waits this long
+
+
+@pytest.fixture(scope="module")
+def tiny_server(lm):
+    mx.random.seed(0)
+    cfg = LlamaConfig(vocab_size=lm.config.vocab_size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                      intermediate_size=64, rope_theta=10000.0)
+    model = Llama(cfg)
+    mx.eval(model.parameters())
+    tiny = LoadedModel(model, lm.tokenizer, "tiny-random", lm.path, "float32", context_length=512)
+    logs: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Handler, "timeout", STALL_S)
+        server = start_server(ServeOptions(draft="ngram:3", k=2, port=0, max_tokens=3), loaded=tiny, log=logs.append)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield server, thread, logs
+        server.shutdown()
+        server.close()
+
+
+def check_answer(data: bytes, status: int | None, headers: dict[str, str], body: bytes) -> str | None:
+    """What is wrong with the server's answer to ``data``, or None."""
+    if status is None:
+        return None if not data.split(b"\n", 1)[0].strip() else "no HTTP answer"  # a blank line asks nothing
+    if data.split(b" ", 1)[0] == b"HEAD":
+        return None
+    if headers.get("content-type") == "text/event-stream":
+        events = [ln[6:] for ln in body.decode().splitlines() if ln.startswith("data: ")]
+        if not events or events[-1] != "[DONE]" and "error" not in json.loads(events[-1]):
+            return "a stream that neither finished nor ended in an error"
+        for e in events[:-1]:
+            json.loads(e)
+        return None
+    if headers.get("content-type") != "application/json":
+        return f"content type {headers.get('content-type')!r}"
+    obj = json.loads(body)
+    if status >= 400:
+        return None if obj["error"]["message"] and obj["error"]["type"] else "an error without its message"
+    return None if status == 200 and ("choices" in obj or obj.get("object") in ("list", "model")) else f"{status}"
+
+
+@pytest.mark.model
+def test_the_server_answers_every_fuzzed_request(tiny_server, capfd):
+    server, thread, logs = tiny_server
+    address = server.server_address[:2]
+    host = f"{address[0]}:{address[1]}"
+    rng = random.Random(20261201)
+    statuses: dict[int | None, int] = {}
+    for i in range(REQUESTS):
+        data = request(rng, host)
+        status, headers, body = exchange(address, data, timeout=30)
+        problem = check_answer(data, status, headers, body)
+        assert problem is None, f"request {i}: {problem}\n{data[:300]!r}\n-> {status} {body[:300]!r}"
+        statuses[status] = statuses.get(status, 0) + 1
+    assert thread.is_alive()
+    c = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    reply = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert reply.choices[0].message.content is not None and reply.usage.completion_tokens <= 2
+    assert not any("Traceback" in line for line in logs)
+    assert "Traceback" not in capfd.readouterr().err
+    assert statuses.get(200, 0) > REQUESTS // 20 and sum(v for s, v in statuses.items() if s and s >= 400) > REQUESTS // 4
