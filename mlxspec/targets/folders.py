@@ -22,7 +22,7 @@ from mlxspec.core.drafters.eagle import EagleConfig, EagleHead
 from mlxspec.core.model import Llama
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
-from mlxspec.targets.loading import export_folder
+from mlxspec.targets.loading import export_folder, read_config
 
 DRAFT_FORMAT = "mlxspec-draft"
 DRAFT_WEIGHTS = "draft.safetensors"
@@ -67,20 +67,27 @@ def save_draft(draft: DraftModel, out: Path, dtype: str = "float16", card: str |
                         {"draft": asdict(draft.cfg), **(extra or {})}, dtype, card)
 
 
-def is_draft_folder(path: Path) -> bool:
+def folder_format(path: Path) -> str | None:
+    """The ``format`` a folder's config.json names (None when it has no readable one)."""
     try:
-        return path.is_dir() and json.loads((path / CONFIG).read_text()).get("format") == DRAFT_FORMAT
-    except (OSError, ValueError):
-        return False
+        return read_config(path).get("format") if path.is_dir() else None
+    except MlxspecError:
+        return None
+
+
+def is_draft_folder(path: Path) -> bool:
+    return folder_format(path) == DRAFT_FORMAT
 
 
 def read_draft_config(path: Path) -> tuple[DraftConfig, dict[str, Any]]:
     try:
-        meta = json.loads((path / CONFIG).read_text())
-    except (OSError, ValueError) as e:
+        meta = read_config(path)
+    except MlxspecError as e:
         raise MlxspecError(f"{path}: not a readable mlxspec draft ({e})") from None
     if meta.get("format") != DRAFT_FORMAT:
         raise MlxspecError(f"{path}: config.json is not an {DRAFT_FORMAT} config")
+    if not isinstance(meta.get("draft"), dict):
+        raise MlxspecError(f"{path}: config.json has no draft config object")
     known = {f.name for f in fields(DraftConfig)}
     unknown = set(meta["draft"]) - known
     if unknown:
@@ -167,18 +174,17 @@ def save_head(head: EagleHead, out: Path, dtype: str = "float16", card: str | No
 
 
 def is_head_folder(path: Path) -> bool:
-    try:
-        return path.is_dir() and json.loads((path / CONFIG).read_text()).get("format") == HEAD_FORMAT
-    except (OSError, ValueError):
-        return False
+    return folder_format(path) == HEAD_FORMAT
 
 
 def read_head_config(path: Path) -> tuple[EagleConfig, dict[str, Any]]:
     try:
-        meta = json.loads((path / CONFIG).read_text())
+        meta = read_config(path)
         cfg = meta["head"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (MlxspecError, KeyError) as e:
         raise MlxspecError(f"{path}: not a readable mlxspec eagle head ({e})") from None
+    if not isinstance(cfg, dict):
+        raise MlxspecError(f"{path}: its head config is a {type(cfg).__name__}, not an object")
     unknown = set(cfg) - {f.name for f in fields(EagleConfig)}
     if unknown:
         raise MlxspecError(f"{path}: head config has unknown fields {sorted(unknown)} (another architecture?)")

@@ -24,6 +24,7 @@ from mlx_lm.utils import load_tokenizer
 from mlxspec.core.model import FREQ_FACTORS, NATIVE_FAMILIES, Llama, LlamaConfig, check_rope_scaling, rope_type
 from mlxspec.errors import MlxspecError, UnsupportedArchitecture
 from mlxspec.runtime import resolve_dtype
+from mlxspec.targets.gguf import check_gguf
 from mlxspec.targets import mlxlm, store
 from mlxspec.targets.mlxlm import MlxLmTarget
 from mlxspec.targets.tokenizer import tokenizer_from_gguf
@@ -224,6 +225,7 @@ def _build(cfg: LlamaConfig, weights: dict[str, mx.array], dtype: str,
 
 
 def load_gguf(path: Path, dtype: str = "auto") -> tuple[Llama, TokenizerWrapper, int]:
+    check_gguf(path)  # MLX's reader would crash on some damage instead of raising
     try:
         raw, meta = mx.load(str(path), return_metadata=True)
     except Exception as err:  # mlx raises RuntimeError/ValueError with C++ messages
@@ -401,10 +403,24 @@ def _quantization(cfg_dict: dict[str, Any], path: Path) -> dict[str, Any] | None
     return q
 
 
+def read_config(folder: Path) -> dict[str, Any]:
+    """``folder/config.json`` as a dict, or one ``MlxspecError`` saying what is wrong with it."""
+    path = Path(folder) / "config.json"
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise MlxspecError(f"cannot read {path}: {e.strerror}") from None
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise MlxspecError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise MlxspecError(f"{path} holds a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
 def load_folder(path: Path, dtype: str = "auto") -> tuple[Llama, TokenizerWrapper, int]:
     """An mlx-lm / Hugging Face folder (config.json, *.safetensors, tokenizer files).
     Raises ``UnsupportedArchitecture`` for a model type (or RoPE scaling) we do not implement."""
-    cfg_dict = json.loads((path / "config.json").read_text())
+    cfg_dict = read_config(path)
     cfg = config_from_mlx_lm(cfg_dict)
     quantization = _quantization(cfg_dict, path)
     weights: dict[str, mx.array] = {}
