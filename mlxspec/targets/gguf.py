@@ -80,8 +80,8 @@ def check_gguf(path: Path) -> None:
     except (OSError, ValueError) as e:  # ValueError: an empty file cannot be mapped
         raise MlxspecError(f"cannot read GGUF file {path}: {e}") from None
     except _Damaged as e:
-        raise MlxspecError(f"GGUF file {path} is damaged: {e} (re-fetch registry models with "
-                           "`mlxspec models pull`)") from None
+        raise MlxspecError(f"cannot read GGUF file {path}: {e} (corrupt or truncated? re-fetch registry "
+                           "models with `mlxspec models pull`)") from None
 
 
 def _check(c: _Cursor, size: int) -> None:
