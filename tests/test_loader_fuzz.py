@@ -1,6 +1,7 @@
-"""Damaged model files are one-line errors, never a crash or a traceback: the real GGUF with bytes of
-its header and metadata changed or cut short, and the shipped eagle head's folder with its config
-and safetensors damaged. Each load runs in a child process, so a crash is seen, not suffered."""
+"""Damaged model files are one-line errors, never a crash or a traceback: the real GGUF with bytes
+of its header and metadata changed or cut short, and the shipped draft's and eagle head's folders
+with their config and safetensors damaged. Each load runs in a child process, so a crash is seen,
+not suffered."""
 
 from __future__ import annotations
 
@@ -83,15 +84,17 @@ def damaged_ggufs(src: Path, out: Path, rng: random.Random) -> list[str]:
     return cases
 
 
-def damaged_heads(src: Path, out: Path, rng: random.Random) -> list[str]:
+def damaged_folders(src: Path, weights_file: str, section: str, out: Path, rng: random.Random) -> list[str]:
+    """A shipped draft or head folder with its config.json or its safetensors damaged."""
     config = json.loads((src / "config.json").read_text())
-    weights = (src / "head.safetensors").read_bytes()
+    weights = (src / weights_file).read_bytes()
     header = int.from_bytes(weights[:8], "little")
-    configs = ['{"hidden_size": 5', "[]", json.dumps({**config, "hidden_size": "big"}),
-               json.dumps({**config, "head_vocab": -3}), json.dumps({k: v for k, v in config.items() if k != "format"})]
+    configs = ['{"hidden_size": 5', "[]", json.dumps({**config, section: "big"}), json.dumps({**config, section: []}),
+               json.dumps({k: v for k, v in config.items() if k != "format"}), "\udcff".encode("utf-8", "surrogateescape")
+               .decode("latin-1")]
     cases = []
     for i, text in enumerate(configs):
-        d = out / f"config{i}"
+        d = out / f"{src.name}-config{i}"
         shutil.copytree(src, d)
         (d / "config.json").write_text(text)
         cases.append(f"head {d}")
@@ -101,9 +104,9 @@ def damaged_heads(src: Path, out: Path, rng: random.Random) -> list[str]:
             data = data[: rng.randrange(8, 8 + header)]  # cut inside the header
         else:
             flip(data, rng, 0, 8 + header, rng.randint(1, 6))
-        d = out / f"weights{i}"
+        d = out / f"{src.name}-weights{i}"
         shutil.copytree(src, d)
-        (d / "head.safetensors").write_bytes(bytes(data))
+        (d / weights_file).write_bytes(bytes(data))
         cases.append(f"head {d}")
     return cases
 
@@ -112,7 +115,9 @@ def damaged_heads(src: Path, out: Path, rng: random.Random) -> list[str]:
 def test_damaged_model_files_are_one_line_errors(tmp_path):
     gguf = store.entry(store.default_target()).path
     rng = random.Random(7)
-    cases = damaged_ggufs(gguf, tmp_path, rng) + damaged_heads(MODELS / "smollm2-135m-eagle", tmp_path, rng)
+    cases = (damaged_ggufs(gguf, tmp_path, rng)
+             + damaged_folders(MODELS / "smollm2-135m-eagle", "head.safetensors", "head", tmp_path, rng)
+             + damaged_folders(MODELS / "smollm2-135m-draft", "draft.safetensors", "draft", tmp_path, rng))
     run = subprocess.run([sys.executable, "-c", CHILD], input="\n".join(cases), capture_output=True, text=True,
                          timeout=600)
     lines = run.stdout.splitlines()

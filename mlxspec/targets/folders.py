@@ -106,15 +106,9 @@ def load_draft(path: Path, target, dtype: mx.Dtype = mx.float32) -> DraftModel:
         raise MlxspecError(
             f"draft {path} was built for a target with vocab {cfg.target_vocab} and hidden {cfg.target_hidden}; "
             f"{target.name!r} has {tcfg.vocab_size} and {tcfg.hidden_size}")
-    weights = mx.load(str(path / DRAFT_WEIGHTS))
-    ids = weights.pop("vocab_ids")
-    draft = DraftModel(cfg, ids, target.model.model.embed_tokens)
-    try:
-        draft.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=True)
-    except ValueError as e:
-        raise MlxspecError(f"draft {path}: weights do not match its config ({e})") from None
-    mx.eval(draft.parameters())
-    return draft
+    weights = read_weights(path, DRAFT_WEIGHTS, "draft")
+    draft = DraftModel(cfg, weights.pop("vocab_ids"), target.model.model.embed_tokens)
+    return fill(draft, weights, dtype, f"draft {path}")
 
 
 def full_head(draft: DraftModel) -> mx.array:
@@ -205,19 +199,30 @@ def check_target(cfg: EagleConfig, path: Path, target) -> None:
 def load_head(path: Path, target, dtype: mx.Dtype = mx.float32) -> EagleHead:
     cfg, _ = read_head_config(path)
     check_target(cfg, path, target)
-    try:
-        weights = mx.load(str(path / HEAD_WEIGHTS))
-    except (OSError, ValueError, RuntimeError) as e:
-        raise MlxspecError(f"head {path}: cannot read {HEAD_WEIGHTS} ({e})") from None
-    if "vocab_ids" not in weights:
-        raise MlxspecError(f"head {path}: {HEAD_WEIGHTS} has no vocab_ids (truncated or not an eagle head)")
+    weights = read_weights(path, HEAD_WEIGHTS, "head")
     head = EagleHead(cfg, weights.pop("vocab_ids"), target.model.model.embed_tokens)
+    return fill(head, weights, dtype, f"head {path}")
+
+
+def read_weights(path: Path, file: str, what: str) -> dict[str, mx.array]:
+    """A draft's or head's safetensors, with the ``vocab_ids`` every one of them carries."""
     try:
-        head.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=True)
+        weights = mx.load(str(path / file))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise MlxspecError(f"{what} {path}: cannot read {file} ({e})") from None
+    if "vocab_ids" not in weights:
+        raise MlxspecError(f"{what} {path}: {file} has no vocab_ids (truncated, or not an mlxspec {what})")
+    return weights
+
+
+def fill(module: nn.Module, weights: dict[str, mx.array], dtype: mx.Dtype, what: str) -> Any:
+    """``module`` with ``weights`` in ``dtype``, every one of them matched (``strict``)."""
+    try:
+        module.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=True)
     except ValueError as e:
-        raise MlxspecError(f"head {path}: weights do not match its config ({e})") from None
-    mx.eval(head.parameters())
-    return head
+        raise MlxspecError(f"{what}: weights do not match its config ({e})") from None
+    mx.eval(module.parameters())
+    return module
 
 
 def find_head(name: str) -> Path | None:
