@@ -130,12 +130,13 @@ class ModelSource:
         self.baseline_tokens = baseline_tokens  # 0: do not measure
         self.auto_k = auto_k  # load() then readies the verify-cost curve (measured once, cached)
         self.remeasure_cost = remeasure_cost
-        self.session: Session | None = None  # once loaded
+        # made with the model: at once for a model given loaded, else by ``load``
+        self.session = None if loaded is None else self._open(loaded)
 
     def load(self) -> ModelInfo:
         if self.lm is None:
             self.lm = loading.load(self.target, self.dtype, self.backend)
-        self.session = Session(self.lm, dtype=self.dtype, remeasure_cost=self.remeasure_cost, log=None)
+        self.session = self.session or self._open(self.lm)
         if self.auto_k:  # measured (or read from its cache) now, not during the first turn
             self.session.cost_curve()
         on_mlx = getattr(self.lm, "backend", "mlx") == "mlx"
@@ -143,6 +144,9 @@ class ModelSource:
                          runtime.backend_description() if on_mlx else runtime.torch_description(self.lm.backend),
                          runtime.device_name() if on_mlx else self.lm.backend.partition(":")[2],
                          self.measure_baseline())
+
+    def _open(self, lm: LoadedModel) -> Session:
+        return Session(lm, dtype=self.dtype, remeasure_cost=self.remeasure_cost, log=None)
 
     @property
     def kept(self) -> PromptCache:
