@@ -148,6 +148,7 @@ MODEL_CONFIGS = [
     pytest.param(8, SamplingParams(temperature=1.0), 9, id="K8-T1"),
     pytest.param(4, SamplingParams(temperature=1.0, top_p=0.8), 3, id="K4-topp0.8-clipped"),
     pytest.param(4, SamplingParams(temperature=1.0, top_k=2), 5, id="K4-topk2"),
+    pytest.param(4, SamplingParams(temperature=1.0, min_p=0.3), 5, id="K4-minp0.3"),  # the server's min_p
     pytest.param(3, SamplingParams(temperature=0.7), 4, id="K3-T0.7"),
 ]
 

@@ -77,6 +77,20 @@ def test_chat_content_parts_are_joined():
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, 400, "invalid_stop"),
     (TEXT, {"prompt": ""}, 400, "missing_prompt"),
+    # accepted and then ignored until now: refused unless their value changes nothing
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "unsupported_parameter"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}, 400, "unsupported_parameter"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, 400, "unsupported_parameter"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}, 400, "unsupported_parameter"),
+    (TEXT, {"prompt": "hi", "echo": True}, 400, "unsupported_parameter"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "wat": 1}, 400, "unknown_parameter"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, 400, "unknown_parameter"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "mlxspec": {"token_status": "yes"}}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_k": -1}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "min_p": 2}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_messages"),
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "invalid_messages"),
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "invalid_messages"),
     (TEXT, {"prompt": ["a", "b"]}, 400, "missing_prompt"),
 ])
 def test_bad_requests_are_openai_shaped_errors(kind, body, status, code):
@@ -85,6 +99,14 @@ def test_bad_requests_are_openai_shaped_errors(kind, body, status, code):
     assert (e.value.status, e.value.code) == (status, code)
     err = e.value.body()["error"]
     assert err["code"] == code and err["type"] == "invalid_request_error" and err["message"]
+
+
+def test_neutral_values_of_unimplemented_fields_pass_and_top_k_min_p_are_used():
+    body = {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0, "frequency_penalty": 0.0,
+            "logprobs": False, "logit_bias": {}, "n": 1, "user": "me", "stream_options": None, "top_k": 5,
+            "min_p": 0.1, "temperature": 0.7}
+    req = parse_generation(CHAT, body, ServeOptions(), NAMES)
+    assert (req.params.top_k, req.params.min_p, req.params.temperature) == (5, 0.1, 0.7)
 
 
 @pytest.mark.parametrize("raw", [b"{nope", b"[1, 2]", b"\xff"])

@@ -86,10 +86,25 @@ def check_model(body: dict, names: frozenset[str]) -> None:
                        "model_not_found")
 
 
+# Fields of OpenAI's and mlx-lm's APIs this server does not implement: accepted only at the value
+# that changes nothing (what clients send by default), refused otherwise rather than ignored.
+NEUTRAL: dict[str, tuple] = {
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
+    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
+    "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (False, True), "functions": ([],),
+    "response_format": ({"type": "text"},), "modalities": (["text"],), "repetition_context_size": (20,),
+}
+IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "reasoning_effort"}  # no effect on output
+READ = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+        "min_p", "n", "stream", "stop", "seed", "mlxspec"}
+ROLES = ("system", "user", "assistant", "developer")
+
+
 def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozenset[str]) -> GenerationRequest:
     """A chat or text completion request, checked; absent sampling fields take the server's
-    defaults. Fields this server does not implement (tools, logprobs, penalties) are ignored."""
+    defaults. A field this server does not implement is refused unless its value changes nothing."""
     check_model(body, names)
+    _check_fields(body, kind)
     prompt = _messages(body) if kind == CHAT else _text_prompt(body)
     if _field(body, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported", "unsupported_value")
@@ -99,7 +114,8 @@ def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozen
         raise ApiError(400, f"max_tokens must be >= 1, got {max_tokens}", "invalid_value")
     try:
         params = SamplingParams(_field(body, "temperature", float, options.temperature),
-                                _field(body, "top_p", float, options.top_p))
+                                _field(body, "top_p", float, options.top_p), _field(body, "top_k", int, 0),
+                                _field(body, "min_p", float, 0.0))
     except MlxspecError as e:
         raise ApiError(400, str(e), "invalid_value") from None
     seed = _field(body, "seed", int, None)
@@ -110,7 +126,18 @@ def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozen
         # Like OpenAI: no seed, a fresh draw. MLX keys take an unsigned 64-bit seed; fold any int in.
         secrets.randbelow(2**31) if seed is None else seed % 2**64,
         _stops(body.get("stop")), _field(body, "stream", bool, False),
-        bool(stream_options.get("include_usage", False)), bool(extension.get("token_status", False)))
+        bool(stream_options.get("include_usage", False)), _field(extension, "token_status", bool, False))
+
+
+def _check_fields(body: dict, kind: str) -> None:
+    other = "prompt" if kind == "chat" else "messages"
+    for name, value in body.items():
+        if name in NEUTRAL:
+            if value is not None and value not in NEUTRAL[name]:
+                raise ApiError(400, f"{name}={value!r} is not supported by this server (it would be ignored); "
+                               "drop it or send its neutral value", "unsupported_parameter")
+        elif name == other or name not in READ | IGNORED:
+            raise ApiError(400, f"unrecognized request argument: {name}", "unknown_parameter")
 
 
 _JSON_TYPES = {bool: "a boolean", int: "an integer", float: "a number", dict: "an object"}
@@ -142,10 +169,12 @@ def _message(m: Any, i: int) -> dict[str, str]:
     """One chat message with its content as text (a list of text parts is joined)."""
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise ApiError(400, f"messages[{i}] must be an object with a string role", "invalid_messages")
+    if m["role"] not in ROLES:
+        raise ApiError(400, f"messages[{i}].role {m['role']!r} is not one of {', '.join(ROLES)}", "invalid_messages")
     content = m.get("content")
     if content is None:
-        content = ""
-    elif isinstance(content, list):
+        raise ApiError(400, f"messages[{i}] has no content", "invalid_messages")
+    if isinstance(content, list):
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in content):
             raise ApiError(400, f"messages[{i}]: only text content parts are supported", "invalid_messages")
