@@ -265,6 +265,18 @@ def test_ngram_server_matches_the_engine(ngram_server, expected):
 
 @pytest.mark.model
 @client_tests
+def test_health_says_ok(ngram_server):
+    u = urlparse(ngram_server.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("GET", "/health")
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read()) == {"status": "ok", "model": ngram_server.info.name,
+                                                             "queued": 0}
+    conn.close()
+
+
+@pytest.mark.model
+@client_tests
 def test_models_lists_the_served_model(ngram_server):
     models = client(ngram_server.url).models.list().data
     assert [m.id for m in models] == ["smollm2-135m-instruct"]

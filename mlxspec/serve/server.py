@@ -34,7 +34,8 @@ MAX_BODY_BYTES = 8 << 20  # far above any prompt that fits the context; refuses 
 DRAIN_BYTES = 64 << 20  # of a refused body, read and dropped after the refusal (so no reset loses it)
 LINGER_S = 2.0  # how long that dropping may wait for a client that stopped sending
 READ_TIMEOUT_S = 30.0  # a client that stops sending its request (line, headers or body) is let go
-ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
+ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST",
+          "/health": "GET"}
 
 
 class Server(ThreadingHTTPServer):
@@ -150,6 +151,9 @@ class Handler(BaseHTTPRequestHandler):
                        headers={"Allow": ROUTES[path]})
 
     def _get(self, path: str) -> None:
+        if path == "/health":  # for a load balancer or a supervisor: the model is loaded and requests are taken
+            return self._json(200, {"status": "ok", "model": self.server.info.name,
+                                    "queued": self.server.decoder.jobs.qsize()})
         if path == "/v1/models":
             return self._json(200, self.server.models())
         if path.startswith("/v1/models/"):
