@@ -18,7 +18,7 @@ from rich.table import Table
 
 from mlxspec.errors import MlxspecError
 from mlxspec.flags import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt, RemeasureOpt,
-                           SystemOpt, TempOpt, TopPOpt, TreeNodesOpt, TreeOpt, check_max_tokens, k_option,
+                           SystemOpt, TempOpt, TopPOpt, TreeNodesOpt, TreeOpt, check_max_tokens, checked_draft, k_option,
                            measured_target, named_draft, read_prompt, tree_option, with_system)
 from mlxspec.targets import store
 from mlxspec.terminal import check_out_folder, err, friendly, print_json, progress_bar, write_json
@@ -177,7 +177,7 @@ def bench(
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
     from mlxspec.measure import bench as b
 
-    shape = tree_option(tree, tree_nodes, k, draft)
+    shape = tree_option(tree, tree_nodes, k, checked_draft(draft))
     k = k_option(k, draft)
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")

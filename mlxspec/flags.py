@@ -111,13 +111,22 @@ def with_system(text: str, system: Optional[str]) -> str | list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": text}]
 
 
+def checked_draft(draft: str) -> str:
+    """``--draft`` refused here, before a model loads or a screen opens, when it names no drafter."""
+    from mlxspec.targets.drafts import check_draft_spec  # loads MLX: only once a command runs
+
+    check_draft_spec(draft)
+    return draft
+
+
 def named_draft(draft: str, target: str) -> str:
-    """``default`` as the drafter it stands for, so screens show a real name."""
+    """``default`` as the drafter it stands for, so screens show a real name; a spec that names
+    no drafter is refused here, before a model loads or a screen opens."""
     from mlxspec.targets.drafts import DEFAULT_FALLBACK
     from mlxspec.targets.loading import resolve
 
     if draft != "default":
-        return draft
+        return checked_draft(draft)
     return store.default_draft(resolve(target)[0]) or DEFAULT_FALLBACK
 
 

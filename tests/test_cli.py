@@ -353,3 +353,14 @@ def test_help_reflows_docstrings_instead_of_breaking_them_where_the_source_wraps
     assert "with the default draft (or --draft; --draft none for target-only decoding)." in r.output
     study = invoke("study", "--help", env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"}).output
     assert "study/SETTINGS.jsonl" in study  # nothing in a help text is taken for markup and dropped
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["serve"], ["sweep"], ["bench"]])
+def test_a_draft_that_names_no_drafter_is_refused_before_anything_opens(command, monkeypatch):
+    import mlxspec.targets.loading as loading
+
+    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("loaded a model for a bad --draft"))
+    one_line_error(invoke(*command, "--draft", "banana"),
+                   r"unknown drafter 'banana': not one of none, default, ngram\[:N\], suffix\[:N\], self:L, "
+                   r"a shipped draft \(smollm2-135m-draft, smollm2-135m-eagle\)")
+    one_line_error(invoke(*command, "--draft", "self:abc"), "expected self:L with L an integer")

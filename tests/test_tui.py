@@ -265,9 +265,10 @@ def test_keys_change_settings_for_the_next_turn():
             await pilot.press("ctrl+t")
             assert app.settings.temp == 0.3
             await pilot.press("ctrl+d")
-            assert app.settings.draft == "self:8"
+            assert app.settings.draft == "suffix"
             await pilot.press("ctrl+d", "ctrl+d")
             assert app.settings.draft == "none" and app.settings.drafter == "none"
+            assert "speculation    off" in screen_text(app)  # drafter none is target-only, whatever ^s says
             await pilot.press("ctrl+d")
             assert app.settings.draft == "ngram:3" and app.settings.speculate
 
@@ -862,3 +863,11 @@ def test_model_source_keeps_the_cache_across_turns_with_a_system_prompt(lm):
         assert got == fresh
         if follow_up:
             messages += [{"role": "assistant", "content": tok.decode(got)}, {"role": "user", "content": follow_up}]
+
+
+@pytest.mark.model
+def test_the_drafter_key_cycles_through_the_shipped_drafts_too():
+    from mlxspec.tui.chat.app import shipped_drafts
+
+    assert shipped_drafts("default") == ("smollm2-135m-draft", "smollm2-135m-eagle")
+    assert shipped_drafts("no-such-model") == ()  # its load error is shown in the UI

@@ -12,7 +12,7 @@ from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
 from mlxspec.targets.folders import find_draft, find_head, load_draft, load_head
-from mlxspec.targets.loading import check_compatible, load
+from mlxspec.targets.loading import check_compatible, load, resolve
 from mlxspec.targets.mlxlm import needs_family, require_native
 
 
@@ -22,6 +22,29 @@ def draft_float_dtype(target) -> mx.Dtype:
 
 
 DEFAULT_FALLBACK = "ngram:3"  # for targets the registry ships no draft for
+KINDS = "none, default, ngram[:N], suffix[:N], self:L"  # the drafters named by kind, not by a file
+
+
+def check_draft_spec(spec: str) -> None:
+    """Refuse, before anything loads, a ``--draft`` that names no drafter. What depends on the
+    target (self:L's range, a draft's fit) is checked when the drafter is made."""
+    if spec in ("none", "", "default"):
+        return
+    for kind, default in (("ngram", "3"), ("suffix", "8"), ("self", None)):
+        if spec == kind or spec.startswith(kind + ":"):
+            if not (spec.partition(":")[2] or default or "").isdigit():
+                letter = "L" if kind == "self" else "N"
+                raise MlxspecError(f"bad drafter {spec!r}: expected {kind}:{letter} with {letter} an integer")
+            return
+    if find_draft(spec) is not None or find_head(spec) is not None:
+        return
+    try:
+        resolve(spec)
+    except MlxspecError:
+        shipped = ", ".join(d["name"] for d in store.drafts())
+        raise MlxspecError(f"unknown drafter {spec!r}: not one of {KINDS}, a shipped draft ({shipped}), a trained "
+                           "draft or head folder, or a draft model (.gguf file, model folder, or hub id in the hub "
+                           "cache)") from None
 
 
 def _require(target, able: bool, feature: str) -> None:
@@ -69,6 +92,7 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     if head is not None:
         _require(target, caps.hidden_states, f"the eagle head {spec!r} (it reads the target's hidden states)")
         return EagleDrafter(load_head(head, target, draft_float_dtype(target)), spec)
+    check_draft_spec(spec)
     draft = load(spec, dtype)
     check_compatible(target.tokenizer, draft.tokenizer)
     return ModelDrafter(draft.model, draft.name)

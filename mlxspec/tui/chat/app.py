@@ -27,6 +27,8 @@ from mlxspec.core.events import Done, Step
 from mlxspec.core.tree import MAX_TREE_NODES, TreeShape, full_size, parse_tree
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.runs import RunCollector
+from mlxspec.targets import store
+from mlxspec.targets.loading import resolve
 
 from ..threads import wait_for_thread_exit
 from .messages import (
@@ -423,6 +425,15 @@ class ChatApp(App[None], inherit_bindings=False):
         self.query_one(StatsPanel).show(self.stats, self.settings, self.baseline, self.running is not None)
 
 
+def shipped_drafts(target: str) -> tuple[str, ...]:
+    """The registry's drafts for ``target`` (none for a target it does not know), for ^d."""
+    try:
+        name = resolve(target)[0]
+    except MlxspecError:  # reported in the UI once loading fails
+        return ()
+    return tuple(d["name"] for d in store.drafts() if d["target"] == name and d["present"])
+
+
 def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float = 0.0,
              top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False,
              system: str | None = None, backend: str = "mlx", tree: TreeShape | None = None) -> None:
@@ -450,7 +461,7 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
 
         pick_device(split_backend(backend))
     source = ModelSource(target, dtype, auto_k=k == AUTO, remeasure_cost=remeasure_cost, backend=backend)
-    app = ChatApp(source, settings,
+    app = ChatApp(source, settings, drafters=DRAFTERS + shipped_drafts(target),
                   loading_label=f"model {target!r}")
     app.run()
     app.wait_for_worker_exit()

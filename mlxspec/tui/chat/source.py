@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from mlxspec.targets.loading import LoadedModel
 
 # What the keys cycle through; a --draft / --temp from the command line is added if missing.
-DRAFTERS: tuple[str, ...] = ("default", "none", "ngram:3", "self:8")
+# ``chat`` adds the drafts the registry ships for its target (``shipped_drafts``).
+DRAFTERS: tuple[str, ...] = ("none", "ngram:3", "suffix", "self:8")
 TEMPERATURES: tuple[float, ...] = (0.0, 0.3, 0.7, 1.0)
 K_MIN, K_MAX = 1, MAX_K
 AUTO = "auto"  # K chosen every step (``core.autok``)

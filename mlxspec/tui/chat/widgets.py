@@ -225,7 +225,7 @@ def _row(t: Text, name: str, value: str) -> None:
 
 def _settings_rows(t: Text, settings: Settings) -> None:
     _head(t, "Settings (next turn)")
-    _row(t, "speculation", "on" if settings.speculate else "off")
+    _row(t, "speculation", "off" if settings.drafter == "none" else "on")  # drafter none: target-only
     _row(t, "drafter", settings.draft + ("" if settings.speculate else " (unused)"))
     if settings.tree is None:
         _row(t, "K", str(settings.k))
