@@ -871,3 +871,15 @@ def test_the_drafter_key_cycles_through_the_shipped_drafts_too():
 
     assert shipped_drafts("default") == ("smollm2-135m-draft", "smollm2-135m-eagle")
     assert shipped_drafts("no-such-model") == ()  # its load error is shown in the UI
+
+
+def test_the_loading_line_goes_once_the_model_is_ready():
+    async def go():
+        app, _ = fake_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await pilot.pause()
+            text = screen_text(app)
+            assert "Ready:" in text and "Loading" not in text
+
+    run(go())

@@ -150,7 +150,7 @@ class ChatApp(App[None], inherit_bindings=False):
 
     def on_mount(self) -> None:
         self.sub_title = f"loading {self.loading_label}…"
-        self.transcript.add_note(f"Loading {self.loading_label}…")
+        self.loading_note = self.transcript.add_note(f"Loading {self.loading_label}…")
         self.query_one(Input).focus()
         self.run_model()
 
@@ -204,6 +204,7 @@ class ChatApp(App[None], inherit_bindings=False):
         if info.baseline_ms:
             self.baseline = Baseline(info.baseline_ms, "measured at start-up")
         self._update_header()
+        self.loading_note.remove()  # loaded: the Ready line says so, and what with
         self.transcript.add_note(f"Ready: {info.target} ({info.dtype}, context {info.context_length}) "
                                  f"on {info.backend}. Type a question and press Enter.")
         self._refresh_stats()

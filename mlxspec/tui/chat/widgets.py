@@ -157,8 +157,10 @@ class Transcript(VerticalScroll):
         self.mount(answer)
         return answer
 
-    def add_note(self, text: str) -> None:
-        self.mount(Note(Text(text)))
+    def add_note(self, text: str) -> Note:
+        note = Note(Text(text))
+        self.mount(note)
+        return note
 
     def add_error(self, text: str) -> None:
         self.mount(ErrorMessage(Text(text)))
