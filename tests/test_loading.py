@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlxspec.errors import MlxspecError
-from mlxspec.targets import loading, store
+from mlxspec.targets import loading, store, tokenizer
 
 
 def test_missing_registry_model_names_the_pull_command(tmp_path, monkeypatch):
@@ -78,8 +78,8 @@ def test_same_tokenizer_is_compatible(gguf_meta):
     assert target is not draft and len(tokens) > 1000
     assert target._tokenizer.get_vocab() == draft._tokenizer.get_vocab()
     assert len(target._tokenizer.get_vocab()) == len(tokens)
-    assert loading.check_compatible(target, draft) is None
-    assert loading.check_compatible(draft, target) is None
+    assert tokenizer.check_compatible(target, draft) is None
+    assert tokenizer.check_compatible(draft, target) is None
 
 
 @pytest.mark.model
@@ -90,7 +90,7 @@ def test_a_draft_tokenizer_with_one_more_token_is_incompatible(gguf_meta):
     longer = tokenizer_from_gguf({**gguf_meta, "tokenizer.ggml.tokens": tokens + ["<|extra|>"]})
     n = len(tokens)
     with pytest.raises(MlxspecError, match=rf"differ at id {n}: target None, draft '<\|extra\|>' \({n} vs {n + 1} tokens\)"):
-        loading.check_compatible(tokenizer_from_gguf(gguf_meta), longer)
+        tokenizer.check_compatible(tokenizer_from_gguf(gguf_meta), longer)
 
 
 @pytest.mark.model
@@ -102,7 +102,7 @@ def test_incompatible_tokenizer_names_the_first_differing_token(gguf_meta):
     other = tokenizer_from_gguf({**gguf_meta, "tokenizer.ggml.tokens": tokens})
     first = re.escape(repr(gguf_meta["tokenizer.ggml.tokens"][1000]))
     with pytest.raises(MlxspecError, match=rf"tokenizers differ at id 1000: target {first}, draft '.+'"):
-        loading.check_compatible(tokenizer_from_gguf(gguf_meta), other)
+        tokenizer.check_compatible(tokenizer_from_gguf(gguf_meta), other)
 
 
 @pytest.mark.model

@@ -12,7 +12,8 @@ from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
 from mlxspec.targets.folders import find_draft, find_head, load_draft, load_head
-from mlxspec.targets.loading import check_compatible, load, resolve
+from mlxspec.targets.loading import load, resolve
+from mlxspec.targets.tokenizer import check_compatible
 from mlxspec.targets.mlxlm import needs_family, require_native
 
 

@@ -103,3 +103,19 @@ def encode_prompt(tokenizer: TokenizerWrapper, prompt: str | list[dict], raw: bo
         messages = [{"role": "user", "content": prompt}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def check_compatible(target: TokenizerWrapper, draft: TokenizerWrapper) -> None:
+    """Same tokenizer content (not the same embedding size: mlx-community pairs pad their
+    tables differently). Fails naming the first token id where they differ."""
+    tv, dv = target._tokenizer.get_vocab(), draft._tokenizer.get_vocab()
+    if tv == dv:
+        return
+    t_by_id = {i: t for t, i in tv.items()}
+    d_by_id = {i: t for t, i in dv.items()}
+    for i in sorted(set(t_by_id) | set(d_by_id)):
+        if t_by_id.get(i) != d_by_id.get(i):
+            raise MlxspecError(
+                f"draft and target tokenizers differ at id {i}: target {t_by_id.get(i)!r}, "
+                f"draft {d_by_id.get(i)!r} ({len(tv)} vs {len(dv)} tokens)"
+            )
