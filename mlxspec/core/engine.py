@@ -247,16 +247,17 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
                                              drafter.wants_hidden, node_stats)
             t_verified = time.perf_counter()
             draft_ms, verify_ms = (t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3
-            policy.observe(len(proposal.tokens), len(path))
-            policy.observe_timing(draft_ms, verify_ms, len(proposal.tokens))
-            kept_hidden = _commit(ops, cache, drafter, history, proposal, path, y, hidden)
+            drafted = proposal.tokens.tolist()
+            policy.observe(len(drafted), len(path))
+            policy.observe_timing(draft_ms, verify_ms, len(drafted))
+            kept_hidden = _commit(ops, cache, drafter, history, proposal, drafted, path, y, hidden)
             if held_hidden is not None:
                 held_hidden.append(kept_hidden)
             accepted_lengths.append(len(path))
-            tokens, shown, stop = _shown(proposal, path, y, stats, stop_ids, limit - emitted)
+            tokens, shown, stop = _shown(proposal, drafted, path, y, stats, stop_ids, limit - emitted)
             emitted += sum(t.emitted for t in tokens)
             t_first = t_first or t_verified
-            yield Step(tokens, k=len(proposal.tokens), accepted=len(path), draft_ms=draft_ms, verify_ms=verify_ms,
+            yield Step(tokens, k=len(drafted), accepted=len(path), draft_ms=draft_ms, verify_ms=verify_ms,
                        room=room, tree=shown)
             if stop:
                 reason = "eos"
@@ -304,11 +305,10 @@ def _decide(ops: ModuleType, model: Target, cache: list, history: list[int], pro
 
 
 def _commit(ops: ModuleType, cache: list, drafter: Drafter, history: list[int], proposal: Proposal,
-            path: list[int], y: int, hidden: Any) -> Any:
+            drafted: list[int], path: list[int], y: int, hidden: Any) -> Any:
     """Keep the accepted path: the cache keeps y and the path's rows, the drafter learns what was
     accepted, ``history`` grows by the path and the target's token. Returns the kept rows'
     hidden states (None when the drafter reads none)."""
-    drafted = proposal.tokens.tolist()
     ops.keep_rows(cache, len(history), path)
     kept_hidden = _rows_of(ops, hidden, path)
     drafter.commit(Commit(drafted, len(path), y, kept_hidden, None if proposal.is_chain else tuple(path)))
@@ -316,11 +316,10 @@ def _commit(ops: ModuleType, cache: list, drafter: Drafter, history: list[int], 
     return kept_hidden
 
 
-def _shown(proposal: Proposal, path: list[int], y: int, stats: tuple, stop_ids: set[int],
+def _shown(proposal: Proposal, drafted: list[int], path: list[int], y: int, stats: tuple, stop_ids: set[int],
            budget: int) -> tuple[list[Token], Tree | None, bool]:
     """What a step shows: its tokens (the refused drafts struck through, as far as the drafter
     would have continued below the path), its tree if it drafted one, and whether it stopped."""
-    drafted = proposal.tokens.tolist()
     refused = first_line(proposal.tree_parents, path[-1] if path else -1)
     tokens, stop = _step_tokens([drafted[i] for i in path], [drafted[i] for i in refused], y, stop_ids, budget)
     shown = None if proposal.parents is None else Tree(tuple(drafted), proposal.parents, tuple(path),

@@ -178,7 +178,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _whole(self, req: GenerationRequest, job: Job, reply: Reply, meta: ResponseMeta) -> None:
         deltas = list(_deltas(job, reply, alive=self._client_here))
-        if job.cancel.is_set() and not self._client_here():
+        if not self._client_here():  # _deltas has cancelled the job either way
             self._log("client went away before its reply; decoding stopped")
             self.close_connection = True
             return

@@ -26,17 +26,25 @@ DEFAULT_FALLBACK = "ngram:3"  # for targets the registry ships no draft for
 KINDS = "none, default, ngram[:N], suffix[:N], self:L"  # the drafters named by kind, not by a file
 
 
+def counted(spec: str, kind: str, default: str) -> int | None:
+    """N of a ``kind`` or ``kind:N`` spec (``default`` when absent); None for another spec."""
+    if spec != kind and not spec.startswith(kind + ":"):
+        return None
+    n = spec.partition(":")[2] or default
+    if not n.isdigit():
+        raise MlxspecError(f"bad drafter {spec!r}: expected {kind}:N with N an integer")
+    return int(n)
+
+
 def check_draft_spec(spec: str) -> None:
     """Refuse, before anything loads, a ``--draft`` that names no drafter. What depends on the
     target (self:L's range, a draft's fit) is checked when the drafter is made."""
-    if spec in ("none", "", "default"):
+    if spec in ("none", "", "default") or any(counted(spec, kind, "1") is not None for kind in ("ngram", "suffix")):
         return
-    for kind, default in (("ngram", "3"), ("suffix", "8"), ("self", None)):
-        if spec == kind or spec.startswith(kind + ":"):
-            if not (spec.partition(":")[2] or default or "").isdigit():
-                letter = "L" if kind == "self" else "N"
-                raise MlxspecError(f"bad drafter {spec!r}: expected {kind}:{letter} with {letter} an integer")
-            return
+    if spec == "self" or spec.startswith("self:"):  # its range needs the target: make_drafter checks it
+        if not spec.partition(":")[2].isdigit():
+            raise MlxspecError(f"bad drafter {spec!r}: expected self:L with L an integer")
+        return
     if find_draft(spec) is not None or find_head(spec) is not None:
         return
     try:
@@ -66,16 +74,10 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     if spec == "default":
         name = store.default_draft(target.name)
         return make_drafter(name or DEFAULT_FALLBACK, target, dtype)
-    if spec == "ngram" or spec.startswith("ngram:"):
-        n = spec.partition(":")[2] or "3"
-        if not n.isdigit():
-            raise MlxspecError(f"bad drafter {spec!r}: expected ngram:N with N an integer")
-        return NgramDrafter(int(n))
-    if spec == "suffix" or spec.startswith("suffix:"):
-        n = spec.partition(":")[2] or "8"
-        if not n.isdigit():
-            raise MlxspecError(f"bad drafter {spec!r}: expected suffix:N with N an integer")
-        return SuffixDrafter(int(n))
+    if (n := counted(spec, "ngram", "3")) is not None:
+        return NgramDrafter(n)
+    if (n := counted(spec, "suffix", "8")) is not None:
+        return SuffixDrafter(n)
     # Targets that declare nothing (test doubles around our llama) can do everything.
     caps = getattr(getattr(target, "model", None), "capabilities", Capabilities(True, True, True))
     if spec.startswith("self:"):
