@@ -7,6 +7,7 @@ through in ``terminal``, ``generate``'s printer in ``printer``."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -173,6 +174,7 @@ def bench(
     torch_dtypes: Optional[list[str]] = typer.Option(None, "--torch-dtype", help="With --baseline: torch dtypes timed beside float32 (repeatable; default: float32 on CPU, the fastest that keeps MLX's greedy tokens here)."),
     torch_device: str = typer.Option("cpu", "--torch-device", help="With --baseline: the torch device (cpu, cuda, mps)."),
     torch_threads: Optional[list[int]] = typer.Option(None, "--torch-threads", help="With --baseline: torch CPU threads (default: torch's own); repeat to time one column per setting in the same run."),
+    busy: int = typer.Option(0, "--busy", help="Keep N cores busy with other processes (a spinning Python loop each) while measuring: speed under load. Every result records the share of the CPUs other processes used (header.others_busy)."),
 ) -> None:
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
     from mlxspec.measure import bench as b
@@ -183,7 +185,9 @@ def bench(
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     if repeats < 1 or warmup < 0:
         raise MlxspecError("--repeats must be >= 1 and --warmup >= 0")
-    with progress_bar("bench") as progress:
+    if not 0 <= busy <= (os.cpu_count() or 1):
+        raise MlxspecError(f"--busy must be in 0..{os.cpu_count() or 1} (the cores here), got {busy}")
+    with b.busy_cores(busy), progress_bar("bench") as progress:
         if baseline:
             torch_cols, note = b.torch_columns(torch_on, torch_dtypes, torch_device)
             if note:

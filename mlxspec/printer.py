@@ -59,6 +59,7 @@ class ReplyPrinter:
             if tail:
                 self.write({"token": None, "text": tail, "status": "flush"})
             self.write({"summary": self.summary(run), "model": self.lm.name, "dtype": self.lm.dtype,
+                        "backend": self.lm.backend,
                         "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0,
                         **({"tree": str(self.tree), "tree_nodes": self.tree.nodes} if self.tree else {})})
             return
@@ -69,7 +70,7 @@ class ReplyPrinter:
     def stats_line(self, run: Run) -> str:
         """The line on stderr after a text reply: prefill and decode speed, and with a drafter
         the steps and tokens accepted per step."""
-        line = (f"{run.prompt_tokens} prompt tokens, {run.prefill_tps:.1f} tok/s prefill; "
+        line = (f"{self.lm.backend}: {run.prompt_tokens} prompt tokens, {run.prefill_tps:.1f} tok/s prefill; "
                 f"{run.generated_tokens} generated, {run.decode_tps or 0.0:.1f} tok/s decode; stop: {run.stop_reason}")
         if self.drafter is not None and run.steps:
             tau = sum(run.accepted) / run.steps

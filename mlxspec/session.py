@@ -16,9 +16,10 @@ from mlxspec.core.engine import generate
 from mlxspec.core.events import Event, Status, Step, Token
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import TreeShape
+from mlxspec.cpuload import CpuMeter
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import loading
-from mlxspec.targets.costcurve import CostCurve, cost_curve, stderr_line
+from mlxspec.targets.costcurve import CostCurve, check_against_live, cost_curve, stderr_line
 from mlxspec.targets.drafts import make_drafter
 from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
 
@@ -51,6 +52,7 @@ class Session:
         self.lm, self.dtype, self.log = lm, dtype, log
         self.kept = PromptCache()  # the last turn's cache: a turn that continues it prefills only what is new
         self._remeasure = remeasure_cost
+        self._curve: CostCurve | None = None  # the curve the policies were built on, once asked for
         self._drafters: dict[str, Drafter | None] = {}
         self._policies: dict[str, KPolicy] = {}
         self.use(draft, k, tree)
@@ -97,7 +99,7 @@ class Session:
         """This machine's cost of target passes over 1..``passes`` tokens: cached per target,
         measured once more in this session when it was opened with ``remeasure_cost``."""
         curve = cost_curve(self.lm, passes, remeasure=self._remeasure, log=self.log)
-        self._remeasure = False
+        self._remeasure, self._curve = False, curve
         return curve
 
     def priced(self, tree: TreeShape) -> TreeShape:
@@ -123,9 +125,17 @@ class Session:
         """The engine's events for one reply. ``stop_ids``: default the target's EOS ids (an empty
         set decodes exactly ``max_tokens``); ``keep``: reuse and leave the prompt cache kept
         between turns; ``node_stats``: every tree node's statistics (``mlxspec study``)."""
-        return generate(self.lm.model, self.encode(prompt, raw), params, max_tokens,
-                        self.stop_ids if stop_ids is None else stop_ids, self.lm.context_length, seed,
-                        self.drafter, self.policy, self.kept if keep else None, tree=self.tree, node_stats=node_stats)
+        events = generate(self.lm.model, self.encode(prompt, raw), params, max_tokens,
+                          self.stop_ids if stop_ids is None else stop_ids, self.lm.context_length, seed,
+                          self.drafter, self.policy, self.kept if keep else None, tree=self.tree, node_stats=node_stats)
+        return self._checked(events) if self._curve is not None and hasattr(self.policy, "timed_steps") else events
+
+    def _checked(self, events: Iterator[Event]) -> Iterator[Event]:
+        """``events``, then the cached cost curve checked against the timings the policy saw."""
+        meter, policy = CpuMeter(), self.policy
+        yield from events
+        if check_against_live(self.lm, self._curve, policy.scale, policy.timed_steps, meter.others_busy(), self.log):
+            self._curve = None
 
 
 class StepText:

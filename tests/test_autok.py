@@ -277,17 +277,49 @@ def test_a_curve_measured_on_a_busy_machine_is_not_cached(tiny, tmp_path, monkey
     assert any("not cached" in line for line in lines) != cached
 
 
-def test_the_cpu_meter_sees_other_processes_not_its_own(monkeypatch):
+@pytest.mark.parametrize("scale, steps, busy, stale", [
+    (3.0, 40, 0.0, True), (0.3, 40, 0.0, True), (1.2, 40, 0.0, False),
+    (3.0, 5, 0.0, False), (3.0, 40, 0.9, False), (3.0, 40, None, False),
+])
+def test_live_timings_far_off_the_cached_curve_make_it_stale(tiny, tmp_path, monkeypatch, scale, steps, busy, stale):
     from mlxspec.targets import costcurve
 
-    busy, own = iter([100.0, 103.0]), iter([10.0, 11.0])
-    monkeypatch.setattr(costcurve, "_busy_cpu_seconds", lambda: next(busy))
-    monkeypatch.setattr(costcurve, "_own_cpu_seconds", lambda: next(own))
-    monkeypatch.setattr(costcurve.os, "cpu_count", lambda: 2)
-    clock = iter([0.0, 2.0])
-    monkeypatch.setattr(costcurve.time, "perf_counter", lambda: next(clock))
-    meter = costcurve.CpuMeter()
-    assert meter.others_busy() == pytest.approx((3.0 - 1.0) / (2.0 * 2))  # 2 of 4 CPU-seconds were others'
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    curve = costcurve.cost_curve(tiny, 2, reps=1, context_tokens=8, log=None)  # cached, however busy (conftest)
+    monkeypatch.setattr(costcurve, "BUSY_SHARE", 0.3)  # the rule as shipped
+    lines = []
+    assert costcurve.check_against_live(tiny, curve, scale, steps, busy, lines.append) == stale
+    assert costcurve.curve_path("tiny", "float32").is_file() != stale
+    assert bool(lines) == stale and all("measured again next time" in line for line in lines)
+
+
+def test_a_session_drops_a_cached_curve_its_live_steps_disagree_with(tmp_path, monkeypatch):
+    """A curve cached 1000x too fast (another machine, another thread count): after one reply
+    on a quiet machine the session removes it, and the next session measures again."""
+    import json
+
+    from tiny import lively_target
+
+    from mlxspec import cpuload
+    from mlxspec.session import Session
+    from mlxspec.targets import costcurve
+
+    lm = lively_target(3)
+    lm.context_length = 256
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(costcurve, "BUSY_SHARE", 0.3)
+    monkeypatch.setattr(cpuload.CpuMeter, "others_busy", lambda self: 0.0)
+    real = costcurve.cost_curve(lm, 9, reps=1, context_tokens=8, log=None)
+    path = costcurve.curve_path(lm.name, lm.dtype)
+    fast = json.loads(path.read_text())
+    fast["ms"] = [m / 1000 for m in real.ms]
+    path.write_text(json.dumps(fast))
+    lines = []
+    session = Session(lm, "ngram:3", "auto", log=lines.append)
+    assert session.policy.cost[0] == pytest.approx(real.ms[0] / 1000)
+    list(session.stream([3, 17, 9, 40, 2, 33, 17, 9] * 4, max_tokens=40, stop_ids=set()))
+    assert session.policy.timed_steps >= costcurve.STALE_STEPS and session.policy.scale > costcurve.STALE_SCALE  # clamped at 8x a step
+    assert not path.exists() and any("measured again next time" in line for line in lines)
 
 
 def test_a_session_builds_one_policy_per_drafter_and_measures_once(tiny, tmp_path, monkeypatch):

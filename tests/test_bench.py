@@ -58,6 +58,7 @@ def test_baseline_bench_tiny_run():
         impls["mlxspec"]["ms_per_token"] / data["floor_ms_per_token"]
     )
     assert data["schema"] == 2 and data["model"] and data["machine"]["cpu_count"]
+    assert data["others_busy"] is None or 0.0 <= data["others_busy"] <= 1.0  # the load it ran under
     # one pair only: never a faster / slower verdict
     assert data["verdict"]["kind"] == "no measurable difference" and data["verdict"]["interval"]["pairs"] == 1
     assert [c[:2] for c in calls] == [(1, 2), (2, 2)]
@@ -135,6 +136,34 @@ def test_torch_columns_option(monkeypatch):
     assert bench.torch_columns(True, ["auto", "bfloat16", "float32"])[0] == ("float32", "bfloat16")
     with pytest.raises(MlxspecError, match="--torch-dtype"):
         bench.torch_columns(True, ["int8"])
+
+
+def test_busy_cores_keeps_cores_busy_only_while_the_block_runs():
+    import time
+
+    from mlxspec.cpuload import CpuMeter, busy_cpu_seconds
+
+    if busy_cpu_seconds() is None:
+        pytest.skip("no /proc/stat here")
+    with bench.busy_cores(1):
+        time.sleep(0.3)  # the child starts
+        meter = CpuMeter()
+        time.sleep(0.5)
+        share = meter.others_busy()
+    import os
+
+    assert share >= 0.6 / (os.cpu_count() or 1)  # about one core's worth, whatever else runs
+
+
+def test_bench_cli_refuses_more_busy_cores_than_the_machine_has():
+    import os
+
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "--busy", str((os.cpu_count() or 1) + 1)])
+    assert r.exit_code == 2 and "--busy must be in 0.." in r.output
 
 
 def test_bench_cli_rejects_a_bad_torch_dtype():

@@ -52,8 +52,8 @@ def test_models_list_json(tmp_path, monkeypatch):
     m = data["models"][0]
     assert m["name"] == "smollm2-135m-instruct" and m["default"] and not m["present"]
     # The shipped drafts live in the repository, not the store: present whatever the home. Neither
-    # is the default: neither is faster than target-only here (README; BENCHMARKS.md, "Does each
-    # drafter beat target-only decoding").
+    # is the default: neither is faster than target-only here, prompt lookup is (README;
+    # BENCHMARKS.md, "Does each drafter beat target-only decoding").
     drafts = {x["name"]: x for x in data["models"][1:]}
     assert set(drafts) == {"smollm2-135m-draft", "smollm2-135m-eagle"}
     assert all(x["draft_for"] == m["name"] and not x["default_draft"] and x["present"] for x in drafts.values())
@@ -106,11 +106,11 @@ def test_generate_json_stream():
 
 
 @pytest.mark.model
-def test_generate_decodes_target_only_by_default_and_the_shipped_draft_on_request():
+def test_generate_drafts_by_prompt_lookup_by_default_and_the_shipped_draft_on_request():
     r = invoke("generate", "What is the capital of France?", "--json", "-n", "20")
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert rows[-1]["draft"] is None  # the registry's default for this target: no drafter pays here
+    assert rows[-1]["draft"] == "ngram:3" and rows[-1]["k"] == "auto"  # the registry's default for this target
     # a fixed K: --k auto may decode plain steps where this machine's cost curve says drafting cannot pay
     r = invoke("generate", "What is the capital of France?", "--json", "-n", "20", "--draft", "smollm2-135m-draft",
                "--k", "4")

@@ -330,7 +330,7 @@ def test_backend_torch_without_torch_says_how_to_install(monkeypatch):
     (["--backend", "torch", "--device", "cuda"], "device 'cuda' is not available here"),
     (["--backend", "torch", "--device", "tpu"], "unknown device 'tpu'"),
     (["--backend", "jax"], "unknown backend 'jax'"),
-    (["--device", "cpu"], "--device chooses a torch device"),
+    (["--backend", "mlx", "--device", "cpu"], "--device chooses a torch device"),
 ])
 def test_bad_backend_or_device_is_one_line(args, says):
     if "cuda" in args and torch.cuda.is_available():
@@ -407,3 +407,43 @@ def test_mps_greedy_is_target_only(both):
     plain = [t for t, _ in _events(pm, None, ids, 1)]
     got = _events(pm, make_drafter("smollm2-135m-eagle", pm), ids, 4)
     assert [t for t, s in got if s != "REJECTED"] == plain
+
+
+def test_backend_auto_is_torch_on_a_linux_cpu_where_it_runs_the_model(monkeypatch):
+    import importlib.util
+
+    from tiny import tiny_target
+
+    from mlxspec import torchpath
+    from mlxspec.torchpath import backend_spec, prefer_torch
+
+    assert backend_spec("auto", None) == "auto" and backend_spec("auto", "cpu") == "torch:cpu"
+    model = tiny_target().model
+    monkeypatch.setattr(torchpath.sys, "platform", "linux")
+    assert prefer_torch(model, "auto") and prefer_torch(model, "float32")
+    assert not prefer_torch(model, "float16")  # half precision on a CPU: MLX's
+    assert not prefer_torch(object(), "auto")  # a model only mlx-lm's class runs
+    monkeypatch.setattr(torchpath.sys, "platform", "darwin")
+    assert not prefer_torch(model, "auto")  # Apple silicon: MLX on the GPU
+    monkeypatch.setattr(torchpath.sys, "platform", "linux")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else object())
+    assert not prefer_torch(model, "auto")  # torch not installed
+
+
+@pytest.mark.model
+def test_the_cli_decodes_on_torch_by_default_here_with_the_same_greedy_text():
+    import json
+
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+
+    rows = {}
+    for backend in ("auto", "mlx"):
+        r = CliRunner().invoke(app, ["generate", "What is the capital of France?", "-n", "12", "--json",
+                                     "--draft", "none", "--backend", backend])
+        assert r.exit_code == 0, r.output
+        rows[backend] = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rows["auto"][-1]["backend"] == "torch:cpu" and rows["mlx"][-1]["backend"] == "mlx"
+    text = {b: "".join(t["text"] for t in rs if "status" in t) for b, rs in rows.items()}
+    assert text["auto"] == text["mlx"] == "The capital of France is Paris."

@@ -773,10 +773,14 @@ def test_cli_bad_trees_are_one_line_errors(args, message):
 
 
 @pytest.mark.model
-def test_cli_refuses_a_tree_without_a_drafter_or_room(tmp_path):
+def test_cli_refuses_a_tree_without_a_drafter_or_room(tmp_path, monkeypatch):
     from helpers import invoke, one_line_error
 
+    from mlxspec.targets import store
+
+    monkeypatch.setattr(store, "default_draft", lambda target: "none")  # a target whose default is target-only
     one_line_error(invoke("generate", "hi", "--tree", "3x2"), r"--tree needs a drafter, and the default for .* is none")
+    monkeypatch.undo()
     f = tmp_path / "long.txt"
     f.write_text("hello " * 8140)  # 8,141 tokens: they fit in the context of 8,192, a 64-node tree does not
     one_line_error(invoke("generate", "-f", str(f), "--raw", "--draft", "ngram:3", "--tree", "6x2", "--tree-nodes", "64"),

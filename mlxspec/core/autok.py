@@ -111,6 +111,7 @@ class AutoK:
         self.draft_ms = self.cost[0] * draft_prior_ratio if draft_ms_per_token is None else float(draft_ms_per_token)
         self._draft_seen = draft_ms_per_token is not None
         self.log_scale = 0.0
+        self.timed_steps = 0  # verify timings seen: how far ``scale`` can be trusted
         self.reset()
 
     def reset(self) -> None:
@@ -206,6 +207,7 @@ class AutoK:
         if math.isfinite(verify_ms) and verify_ms > 0:
             ratio = min(max(verify_ms / self._c(max(0, drafted)), 0.125), 8.0)
             self.log_scale += self.timing_rate * (math.log(ratio) - self.log_scale)
+            self.timed_steps += 1
 
     def describe(self) -> dict[str, Any]:
         """The policy's state, for displays and JSON."""

@@ -294,6 +294,7 @@ class RunHeader:
     mlx_lm_version: str | None
     model: str
     dtype: str
+    others_busy: float | None = None  # other processes' share of all CPUs while it ran (None: not known)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -306,8 +307,9 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def run_header(lm: Any) -> RunHeader:
-    """The header of a measurement on ``lm`` (a ``LoadedModel``), dated now."""
+def run_header(lm: Any, others_busy: float | None = None) -> RunHeader:
+    """The header of a measurement on ``lm`` (a ``LoadedModel``), dated now; ``others_busy``:
+    how busy other processes kept the machine meanwhile (``cpuload.CpuMeter``)."""
     import mlx.core as mx
 
 
@@ -320,6 +322,7 @@ def run_header(lm: Any) -> RunHeader:
         mlx_lm_version=_version("mlx-lm") or _version("mlx_lm"),
         model=lm.name,
         dtype=lm.dtype,
+        others_busy=others_busy,
     )
 
 

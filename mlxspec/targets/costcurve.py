@@ -13,9 +13,7 @@ machine would otherwise plan with passes several times too slow.
 from __future__ import annotations
 
 import json
-import os
 import re
-import resource
 import statistics
 import sys
 import time
@@ -28,6 +26,7 @@ from mlxspec.core.cache import check_trimmable, rewind
 from mlxspec.core.engine import NOT_TRIMMABLE_HINT
 from mlxspec.core.ops import ops_for
 from mlxspec.core.schedule import timed_rounds, warmup_rounds
+from mlxspec.cpuload import CpuMeter
 from mlxspec.errors import MlxspecError
 from mlxspec.core.autok import extend_curve
 from mlxspec.targets.store import home
@@ -36,6 +35,8 @@ SCHEMA = 1
 CONTEXT_TOKENS = 256  # tokens in the cache while timing: a chat turn's worth
 REPS = 5
 BUSY_SHARE = 0.3  # other processes' share of all CPUs above which a measurement is not cached
+STALE_SCALE = 1.5  # live verify timings this many times off the cached curve (either way) make it stale
+STALE_STEPS = 16  # timed steps before the live scale is trusted
 
 
 @dataclass(frozen=True)
@@ -165,43 +166,34 @@ def measure_cost_curve(lm: Any, max_tokens: int, reps: int = REPS, context_token
     return curve
 
 
-def _busy_cpu_seconds() -> float | None:
-    """CPU seconds the whole machine has spent busy since boot (Linux ``/proc/stat``)."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    idle = ticks[3] + ticks[4]  # idle, iowait
-    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_seconds() -> float:
-    use = resource.getrusage(resource.RUSAGE_SELF)
-    return use.ru_utime + use.ru_stime
-
-
-class CpuMeter:
-    """From its creation on: the share of all CPUs that other processes kept busy, from the
-    machine's busy time less this process's own (None where the machine does not say)."""
-
-    def __init__(self):
-        self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
-
-    def others_busy(self) -> float | None:
-        busy, wall = _busy_cpu_seconds(), time.perf_counter() - self.t0
-        if busy is None or self.busy0 is None or wall <= 0:
-            return None
-        others = (busy - self.busy0) - (_own_cpu_seconds() - self.own0)
-        return min(1.0, max(0.0, others / (wall * (os.cpu_count() or 1))))
-
-
 def load_cost_curve(path: Path) -> CostCurve | None:
     """The curve cached at ``path``, or None when there is none or it cannot be read."""
     try:
         return CostCurve.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+def check_against_live(lm: Any, curve: CostCurve, scale: float, steps: int, others_busy: float | None,
+                       log: Callable[[str], None] | None = stderr_line) -> bool:
+    """Whether the cached ``curve`` of ``lm`` went stale: after ``steps`` >= STALE_STEPS timed
+    steps on a quiet machine (``others_busy`` <= BUSY_SHARE), live verify passes ran ``scale``
+    times its timings, off by more than STALE_SCALE. A stale curve is removed from the cache, so
+    the next run measures it again (``--k auto`` corrects by ``scale`` meanwhile); the clock,
+    the thread count or the machine changed since it was measured."""
+    if steps < STALE_STEPS or others_busy is None or others_busy > BUSY_SHARE:
+        return False
+    if 1 / STALE_SCALE <= scale <= STALE_SCALE:
+        return False
+    path = curve_path(lm.name, lm.dtype, _device_of(lm))
+    cached = load_cost_curve(path)
+    if cached is None or cached.measured != curve.measured:
+        return False
+    path.unlink(missing_ok=True)
+    if log is not None:
+        log(f"note: verify passes ran {scale:.2f}x the cached verify-cost curve of {lm.name} (measured "
+            f"{curve.measured}) over {steps} steps on a quiet machine; it will be measured again next time")
+    return True
 
 
 def cost_curve(lm: Any, max_tokens: int, remeasure: bool = False, reps: int = REPS,

@@ -28,7 +28,7 @@ from mlxspec.targets.gguf import check_gguf
 from mlxspec.targets import mlxlm, store
 from mlxspec.targets.mlxlm import MlxLmTarget
 from mlxspec.targets.tokenizer import tokenizer_from_gguf
-from mlxspec.torchpath import require_torch, split_backend
+from mlxspec.torchpath import prefer_torch, require_torch, split_backend
 
 SUPPORTED_GGUF_ARCHS = ("llama",)
 SUPPORTED_MLX_LM_TYPES = NATIVE_FAMILIES
@@ -470,8 +470,16 @@ def as_loaded(model: Any, dtype: str = "auto") -> Any:
 
 
 def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> LoadedModel:
-    """A target or draft model by ``spec``, on ``backend``: "mlx", or "torch" / "torch:DEVICE"
-    (the same weights copied into torch's llama module; ``torchpath.load``)."""
+    """A target or draft model by ``spec``, on ``backend``: "mlx", "torch" / "torch:DEVICE"
+    (the same weights copied into torch's llama module; ``torchpath.load``), or "auto"
+    (``torchpath.prefer_torch``: torch on a Linux CPU where it is installed, else MLX)."""
+    if backend == "auto":
+        source = load(spec, dtype)
+        if source.dtype != "float32" or not prefer_torch(source.model, dtype):
+            return source
+        from mlxspec.torchpath.load import to_torch
+
+        return to_torch(source, dtype, "cpu")
     if backend != "mlx":
         device = split_backend(backend)
         require_torch()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from mlxspec.core.drafters import ModelDrafter, NgramDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
 from mlxspec.core.drafters.suffix import SuffixDrafter
@@ -14,6 +16,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import default_dtype, pick_device
 from mlxspec.torchpath import ops as torch_ops
 from mlxspec.torchpath.model import DTYPES, DraftModel, EagleHead as TorchEagleHead, Llama
+from mlxspec.torchpath.threads import ThreadGovernor
 
 
 def torch_dtype(dtype: str, device: str) -> str:
@@ -29,7 +32,9 @@ def to_torch(source: Any, dtype: str = "auto", device: str | None = None) -> Any
     weights, on ``device`` (None: the best here), in ``dtype`` (auto: per device)."""
     device = pick_device(device)
     dtype = torch_dtype(dtype, device)
+    governor = ThreadGovernor(torch) if device == "cpu" else None  # it watches the load while the weights copy
     model = Llama.from_mlx(source.model, device, dtype)
+    model.threads = governor
     return replace(source, model=model, dtype=dtype, backend=f"torch:{device}", source=source)
 
 

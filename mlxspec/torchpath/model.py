@@ -179,6 +179,7 @@ class Llama(nn.Module):
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = Rope(cfg, device)
+        self.threads = None  # a ThreadGovernor on the CPU (``torchpath.load``)
 
     @classmethod
     def from_mlx(cls, mlx_model: Any, device: str = "cpu", dtype: str = "float32") -> Llama:
@@ -201,6 +202,9 @@ class Llama(nn.Module):
         return [KVCache() for _ in self.layers]
 
     def blocks(self, h: torch.Tensor, cache, mask, positions, num_layers: int | None = None) -> torch.Tensor:
+        threads = getattr(self, "threads", None)  # the draft model shares these blocks, not the governor
+        if threads is not None:
+            threads.tick()
         offset = cache[0].offset if cache else 0
         mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
         cos, sin = self.rope.tables(positions, h.dtype)
@@ -275,6 +279,9 @@ class DraftModel(nn.Module):
         h = self.target[0].model.embed_tokens(tokens.to(self.lm_head.weight.device))
         if hasattr(self, "embed_proj"):
             h = self.embed_proj(h)
+        threads = getattr(self, "threads", None)  # the draft model shares these blocks, not the governor
+        if threads is not None:
+            threads.tick()
         offset = cache[0].offset if cache else 0
         mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
         cos, sin = self.rope.tables(positions, h.dtype)
@@ -310,6 +317,9 @@ class EagleHead(nn.Module):
         """The predicted next features only (training scores just the rows it trains on)."""
         e = self.target[0].model.embed_tokens(tokens.to(features.device)).to(features.dtype)
         h = self.fc(torch.cat([features, e], dim=-1))
+        threads = getattr(self, "threads", None)  # the draft model shares these blocks, not the governor
+        if threads is not None:
+            threads.tick()
         offset = cache[0].offset if cache else 0
         mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
         cos, sin = self.rope.tables(positions, h.dtype)

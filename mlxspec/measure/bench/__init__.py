@@ -19,6 +19,7 @@ from mlxspec.measure.bench.baseline import (
     default_prompts,
     measure_bandwidth,
 )
+from mlxspec.measure.bench.busy import busy_cores
 from mlxspec.measure.bench.common import label, torch_key
 from mlxspec.measure.bench.peer import mlx_lm_steps
 from mlxspec.measure.bench.render import print_baseline, print_result, print_spec, print_verdicts
@@ -34,7 +35,7 @@ from mlxspec.measure.bench.torch_columns import (
 
 __all__ = [
     "DEFAULT_QUESTIONS", "BaselineOptions", "BaselineResult", "SpecBenchResult", "SpecOptions", "SpecRun",
-    "TorchColumn", "TorchInfo", "aggregate", "baseline_bench", "default_prompts", "first_divergence", "label",
+    "TorchColumn", "TorchInfo", "aggregate", "baseline_bench", "busy_cores", "default_prompts", "first_divergence", "label",
     "measure_bandwidth", "mlx_lm_steps", "print_baseline", "print_result", "print_spec", "print_verdicts",
     "spec_bench", "temp_result", "torch_columns", "torch_key", "torch_verdict", "verdicts",
 ]

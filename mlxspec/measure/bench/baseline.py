@@ -18,7 +18,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -26,6 +26,7 @@ import mlx_lm
 
 from mlxspec.core.events import Step
 from mlxspec.core.schedule import alternated, timed_rounds, warmup_rounds
+from mlxspec.cpuload import CpuMeter
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.bench.common import IMPLEMENTATIONS, Progress, label, ratio
 from mlxspec.measure.bench.torch_columns import TorchInfo, load_torch_columns, torch_info
@@ -329,6 +330,7 @@ def baseline_bench(options: BaselineOptions, progress: Progress = None) -> Basel
     floor_ms_per_token, floor_ratio, same_tokens, goals, verdict, torch (``TorchInfo`` or null).
     """
     options = options.checked()
+    meter = CpuMeter()
     items = _baseline_items(options.prompts)
     bandwidth = measure_bandwidth()
     lm = loading.load(options.model, options.dtype)
@@ -340,4 +342,5 @@ def baseline_bench(options: BaselineOptions, progress: Progress = None) -> Basel
     finally:
         if threads_before is not None:
             require_torch().set_num_threads(threads_before)
-    return _result(lm, options, items, ids, pairs, torch_models, bandwidth)
+    result = _result(lm, options, items, ids, pairs, torch_models, bandwidth)
+    return replace(result, header=replace(result.header, others_busy=meter.others_busy()))

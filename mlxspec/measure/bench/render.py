@@ -4,6 +4,7 @@ its kind. Rendering only: every number shown is already in the result record."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -16,6 +17,11 @@ from mlxspec.measure.runs import fmt, fmt_list
 from mlxspec.measure.verdict import Kind, Verdict, markup
 
 
+def _load(h: Any) -> str:
+    """How busy other processes kept the machine while it ran, for a table's caption."""
+    return "" if h.others_busy is None else f". Other processes kept {h.others_busy:.0%} of the CPUs busy"
+
+
 def _baseline_table(result: BaselineResult) -> Table:
     s, h = result.settings, result.header
     prompts = ", ".join(f"{p['category']} #{p['id']} ({p['prompt_tokens']} tok)" for p in s.prompts)
@@ -23,7 +29,7 @@ def _baseline_table(result: BaselineResult) -> Table:
     table = Table(
         title=f"Baseline decoding: {h.model} ({h.dtype}), {h.backend}{on_torch}",
         caption=(f"{s.max_tokens} tokens per run, {s.warmup} warm-up, {s.repeats} repeats x "
-                 f"{len(s.prompts)} prompts: {prompts}"),
+                 f"{len(s.prompts)} prompts: {prompts}{_load(h)}"),
     )
     for col, just in (("implementation", "left"), ("decode tok/s (median)", "right"), ("min - max", "right"),
                       ("prefill tok/s", "right"), ("ms/token", "right"), ("x floor", "right"),
@@ -125,7 +131,7 @@ def _spec_table(result: SpecBenchResult, res: TempResult) -> Table:
                  f"{s.repeats} repeat(s). tok/s end-to-end (prefill included); speedup = summed spec tok/s / "
                  f"summed target tok/s, 95% interval: bootstrap over (prompt, repeat) pairs (median: of per-prompt "
                  f"ratios); tau = accepted drafts per step; acc = acceptance by draft position"
-                 + ("; vs mlx-lm = mlxspec / mlx-lm speculative tok/s" if peer else "")),
+                 + ("; vs mlx-lm = mlxspec / mlx-lm speculative tok/s" if peer else "") + _load(h)),
     )
     entries = list(res.categories.items()) + [("overall", res.overall)]
     rows = [_spec_cells(name, a, peer) for name, a in entries]

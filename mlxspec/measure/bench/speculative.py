@@ -17,6 +17,7 @@ from mlxspec.core.drafters import can_branch
 from mlxspec.core.drafters.base import MAX_K
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.schedule import timed_rounds, warmup_rounds
+from mlxspec.cpuload import CpuMeter
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.bench.summary import METHOD_LABELS, SpecRun, TempResult, temp_result, verdicts
 from mlxspec.measure.bench.common import Progress, fmt_t
@@ -236,6 +237,7 @@ def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResu
     overall}] (``Aggregate``), verdicts.
     """
     o = options.checked()
+    meter = CpuMeter()
     params_of = {t: SamplingParams(temperature=t) for t in o.temps}  # validates them before any loading
     items, note = spec_bench_prompts(o.categories, o.per_category, o.prompts_file)
     lm, drafter, stop, ids = prepare_speculative_run(
@@ -245,4 +247,5 @@ def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResu
     run = SpecRunner(lm, drafter, stop, params_of, peer, plan, o.seed)
     methods = ["target", "spec"] + (["mlx_lm"] if peer.target is not None else [])
     runs = time_spec_runs(run, methods, o, items, ids, progress)
-    return _result(lm, o, plan, (items, ids, note), peer, runs)
+    result = _result(lm, o, plan, (items, ids, note), peer, runs)
+    return replace(result, header=replace(result.header, others_busy=meter.others_busy()))

@@ -457,7 +457,7 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
         k = 4  # unused while the tree is on; nothing to measure for it
     settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=temp,
                         top_p=top_p, max_tokens=max_tokens, system=system, tree=tree)
-    if backend != "mlx":  # refuse a missing torch or device before the UI starts
+    if backend not in ("mlx", "auto"):  # refuse a missing torch or device before the UI starts
         from mlxspec.torchpath import pick_device, split_backend
 
         pick_device(split_backend(backend))
