@@ -21,12 +21,15 @@ import pytest
 
 from mlxspec.core.events import Done, Status, Step, Token
 from mlxspec.core.sampling import SamplingParams
+from mlxspec.serve.logprobs import token_logprobs
+from mlxspec.serve.requests import check_bias_ids
 from mlxspec.serve import (
     CHAT,
     TEXT,
     ApiError,
     ServeOptions,
     StopScanner,
+    choice,
     Tally,
     parse_generation,
     parse_json,
@@ -77,12 +80,31 @@ def test_chat_content_parts_are_joined():
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, 400, "invalid_stop"),
     (TEXT, {"prompt": ""}, 400, "missing_prompt"),
-    # accepted and then ignored until now: refused unless their value changes nothing
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "unsupported_parameter"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}, 400, "unsupported_parameter"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, 400, "unsupported_parameter"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}, 400, "unsupported_parameter"),
+    # not implemented: refused unless their value changes nothing
     (TEXT, {"prompt": "hi", "echo": True}, 400, "unsupported_parameter"),
+    # the logits processors and logprobs: OpenAI's (and mlx-lm's) ranges and types
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 2.5}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": -3}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": "1"}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": -1}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1e999}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "repetition_context_size": 0}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "frequency_context_size": 1.5}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 101}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"five": 1}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"-5": 1}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": "1"}}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 1, "05": 2}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": [5]}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, 400,
+     "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": True}, 400,
+     "invalid_type"),
+    (TEXT, {"prompt": "hi", "logprobs": 21}, 400, "invalid_value"),
+    (TEXT, {"prompt": "hi", "logprobs": -1}, 400, "invalid_value"),
+    (TEXT, {"prompt": "hi", "logprobs": 2, "top_logprobs": 2}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "wat": 1}, 400, "unknown_parameter"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, 400, "unknown_parameter"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "mlxspec": {"token_status": "yes"}}, 400, "invalid_type"),
@@ -104,9 +126,55 @@ def test_bad_requests_are_openai_shaped_errors(kind, body, status, code):
 def test_neutral_values_of_unimplemented_fields_pass_and_top_k_min_p_are_used():
     body = {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0, "frequency_penalty": 0.0,
             "logprobs": False, "logit_bias": {}, "n": 1, "user": "me", "stream_options": None, "top_k": 5,
-            "min_p": 0.1, "temperature": 0.7}
+            "min_p": 0.1, "temperature": 0.7, "echo": False, "repetition_penalty": 0}
     req = parse_generation(CHAT, body, ServeOptions(), NAMES)
     assert (req.params.top_k, req.params.min_p, req.params.temperature) == (5, 0.1, 0.7)
+    assert not req.params.processes and req.logprobs is None  # 0: mlx-lm's server's "no repetition penalty"
+
+
+def test_sampling_controls_are_read():
+    body = {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5, "frequency_penalty": -1,
+            "repetition_penalty": 1.2, "repetition_context_size": 8, "presence_context_size": 4,
+            "logit_bias": {"17": -100, "5": 2.5}, "logprobs": True, "top_logprobs": 3}
+    req = parse_generation(CHAT, body, ServeOptions(top_k=7, min_p=0.05), NAMES)
+    p = req.params
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.repetition_context_size,
+            p.presence_context_size, p.frequency_context_size) == (0.5, -1.0, 1.2, 8, 4, 20)
+    assert p.logit_bias == ((17, -100.0), (5, 2.5)) and (p.top_k, p.min_p) == (7, 0.05)  # the server's defaults
+    assert req.logprobs == 3
+    assert parse_generation(CHAT, {"messages": body["messages"], "logprobs": True}, ServeOptions(), NAMES).logprobs == 0
+    # completions: OpenAI's count, or mlx-lm's boolean with top_logprobs
+    assert parse_generation(TEXT, {"prompt": "hi", "logprobs": 2}, ServeOptions(), NAMES).logprobs == 2
+    assert parse_generation(TEXT, {"prompt": "hi", "logprobs": 0}, ServeOptions(), NAMES).logprobs == 0
+    assert parse_generation(TEXT, {"prompt": "hi", "logprobs": True, "top_logprobs": 4}, ServeOptions(),
+                            NAMES).logprobs == 4
+    assert parse_generation(TEXT, {"prompt": "hi", "logprobs": None}, ServeOptions(), NAMES).logprobs is None
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused():
+    req = parse_generation(CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"49152": 1}},
+                           ServeOptions(), NAMES)
+    with pytest.raises(ApiError) as e:
+        check_bias_ids(req, 49152)
+    assert (e.value.status, e.value.code) == (400, "invalid_value") and "49152" in e.value.message
+    check_bias_ids(req, 49153)
+
+
+def test_logprob_reports_in_openai_shapes():
+    toks = [Token(5, Status.ACCEPTED, -0.5, ((5, -0.5), (9, -1.5))), Token(6, Status.REJECTED),
+            Token(7, Status.CORRECTED, -2.0, ((8, -0.25), (7, -2.0)))]
+    names = {5: "Hello", 7: " wor", 8: " world", 9: "Hi"}
+    entries = token_logprobs(toks, ["Hello", " wor"], names.__getitem__, offset=10)
+    assert [(e.text, e.logprob, e.offset) for e in entries] == [("Hello", -0.5, 10), (" wor", -2.0, 15)]
+    chat_shape = choice(CHAT, "Hello wor", "stop", chunk=False, logprobs=entries)["logprobs"]
+    assert chat_shape["content"][1] == {"token": " wor", "logprob": -2.0, "bytes": list(b" wor"), "top_logprobs": [
+        {"token": " world", "logprob": -0.25, "bytes": list(b" world")}, {"token": " wor", "logprob": -2.0,
+                                                                        "bytes": list(b" wor")}]}
+    text_shape = choice(TEXT, "Hello wor", None, chunk=True, logprobs=entries)["logprobs"]
+    assert text_shape == {"tokens": ["Hello", " wor"], "token_logprobs": [-0.5, -2.0],
+                          "top_logprobs": [{"Hello": -0.5, "Hi": -1.5}, {" world": -0.25, " wor": -2.0}],
+                          "text_offset": [10, 15]}
+    assert choice(CHAT, "x", None, chunk=True)["logprobs"] is None  # not asked for
 
 
 @pytest.mark.parametrize("raw", [b"{nope", b"[1, 2]", b"\xff"])
