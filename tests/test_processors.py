@@ -308,3 +308,21 @@ def test_no_logprobs_unless_asked():
     events = list(generate(t.model, PROMPT64, SamplingParams(), 6, set(), 256, 0, ModelDrafter(t.model, "self"), 3))
     assert all(tok.logprob is None and tok.top_logprobs is None
                for ev in events if isinstance(ev, Step) for tok in ev.tokens)
+
+
+def test_torch_greedy_with_controls_is_target_only_and_reports_the_same_logprobs():
+    pytest.importorskip("torch")
+    from mlxspec.torchpath.model import Llama as TorchLlama
+
+    t = lively_target(3)
+    torch_target = TorchLlama.from_mlx(t.model)
+    params = SamplingParams(**CONTROLS["all"])
+    mlx_plain = list(generate(t.model, PROMPT64, params, 16, set(), 256, logprobs=2))
+    plain = list(generate(torch_target, PROMPT64, params, 16, set(), 256, logprobs=2))
+    spec = list(generate(torch_target, PROMPT64, params, 16, set(), 256, 0, ModelDrafter(torch_target, "self"), 3,
+                         logprobs=2))
+    assert emitted(plain) == emitted(spec) == emitted(mlx_plain)
+    np.testing.assert_allclose(emitted(spec, "logprob"), emitted(mlx_plain, "logprob"), atol=1e-4)
+    np.testing.assert_allclose(emitted(plain, "logprob"), emitted(mlx_plain, "logprob"), atol=1e-4)
+    assert [[i for i, _ in top] for top in emitted(spec, "top_logprobs")] == \
+        [[i for i, _ in top] for top in emitted(mlx_plain, "top_logprobs")]

@@ -233,11 +233,33 @@ def engine_reply(lm, spec: str, prompt: str, raw: bool) -> dict:
     return {"text": lm.tokenizer.decode(tokens), "usage": tally.usage(), "tally": tally}
 
 
+# Requests with logits processors and reported log-probabilities, and the engine's target-only reply to them.
+PENALISED = {"presence_penalty": 0.4, "frequency_penalty": 0.3, "repetition_penalty": 1.1}
+
+
+def engine_logprobs(lm, prompt: str, raw: bool) -> list[tuple[str, float]]:
+    """Target-only, greedy, with ``PENALISED``: each token's text alone and log-probability."""
+    from mlxspec.core.engine import generate
+    from mlxspec.targets.tokenizer import encode_prompt
+
+    ids = encode_prompt(lm.tokenizer, prompt, raw=raw)
+    out = [(lm.tokenizer.decode([t.id]), t.logprob)
+           for ev in generate(lm.model, ids, SamplingParams(**PENALISED), N, set(lm.tokenizer.eos_token_ids),
+                              lm.context_length, 0, logprobs=2) if isinstance(ev, Step) for t in ev.tokens]
+    import mlx.core as mx
+
+    mx.synchronize()
+    return out
+
+
 @pytest.fixture(scope="module")
 def expected(lm) -> dict:
     """Computed on this thread before any server decodes, so no two threads run MLX at once."""
-    return {(spec, kind): engine_reply(lm, spec, CHAT_PROMPT if kind == CHAT else TEXT_PROMPT, kind == TEXT)
-            for spec in ("none", "ngram:3") for kind in (CHAT, TEXT)}
+    out = {(spec, kind): engine_reply(lm, spec, CHAT_PROMPT if kind == CHAT else TEXT_PROMPT, kind == TEXT)
+           for spec in ("none", "ngram:3") for kind in (CHAT, TEXT)}
+    out |= {("logprobs", kind): engine_logprobs(lm, CHAT_PROMPT if kind == CHAT else TEXT_PROMPT, kind == TEXT)
+            for kind in (CHAT, TEXT)}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -329,6 +351,43 @@ def check_server(url: str, expected: dict, spec: str) -> None:
 def test_ngram_server_matches_the_engine(ngram_server, expected):
     check_server(ngram_server.url, expected, "ngram:3")
     assert sum(expected[("ngram:3", CHAT)]["tally"].accepted) > 0  # the prompts exercise speculation
+
+
+@pytest.mark.model
+@client_tests
+def test_logprobs_in_openai_shapes_match_target_only(ngram_server, expected):
+    """With penalties on and a drafter (ngram:3, K=4), the reported tokens and log-probabilities
+    are target-only decoding's, whole and streamed, chat and completions."""
+    c = client(ngram_server.url)
+    want = expected[("logprobs", CHAT)]
+    whole = chat(c, stream=False, logprobs=True, top_logprobs=2, extra_body=PENALISED)
+    got = [(e.token, e.logprob) for e in whole.choices[0].logprobs.content]
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert [lp for _, lp in got] == pytest.approx([lp for _, lp in want], abs=1e-3)
+    assert "".join(t for t, _ in got) == whole.choices[0].message.content
+    first = whole.choices[0].logprobs.content[0]
+    assert len(first.top_logprobs) == 2 and first.top_logprobs[0].token == first.token
+    assert first.bytes == list(first.token.encode())
+    assert whole.model_extra["speculation"]["accepted"] > 0  # drafts were verified with the penalties on
+    chunks = list(chat(c, stream=True, logprobs=True, top_logprobs=2, extra_body=PENALISED))
+    streamed_lp = [(e.token, e.logprob) for ch in chunks if ch.choices and ch.choices[0].logprobs
+                   for e in ch.choices[0].logprobs.content]
+    assert streamed_lp == got
+
+    want = expected[("logprobs", TEXT)]
+    text = c.completions.create(model="default", prompt=TEXT_PROMPT, max_tokens=N, temperature=0, logprobs=2,
+                                extra_body=PENALISED)
+    lp = text.choices[0].logprobs
+    assert lp.tokens == [t for t, _ in want]
+    assert lp.token_logprobs == pytest.approx([v for _, v in want], abs=1e-3)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(alts) <= 2 for alts in lp.top_logprobs)
+    chunks = list(c.completions.create(model="default", prompt=TEXT_PROMPT, max_tokens=N, temperature=0, logprobs=2,
+                                       stream=True, extra_body=PENALISED))
+    assert [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens] \
+        == lp.tokens
+    plain = chat(c, stream=False)  # nothing asked for: no logprobs
+    assert plain.choices[0].logprobs is None
 
 
 @pytest.mark.model
