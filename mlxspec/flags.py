@@ -40,7 +40,7 @@ RepetitionOpt = typer.Option(1.0, "--repetition-penalty", help="mlx-lm's repetit
 RepetitionContextOpt = typer.Option(20, "--repetition-context-size", help="How many recent tokens (prompt included) the repetition penalty looks at.")
 PresenceOpt = typer.Option(0.0, "--presence-penalty", help="OpenAI's presence penalty in [-2, 2]: subtracted from the logit of each token among the last 20.")
 FrequencyOpt = typer.Option(0.0, "--frequency-penalty", help="OpenAI's frequency penalty in [-2, 2]: subtracted from a token's logit once per time it occurs among the last 20.")
-LogitBiasOpt = typer.Option(None, "--logit-bias", show_default=False, help="ID=BIAS: add BIAS (-100..100) to token ID's logit; repeat for more tokens.")
+LogitBiasOpt = typer.Option(None, "--logit-bias", show_default=False, metavar="ID=BIAS", help="ID=BIAS: add BIAS (-100..100) to token ID's logit; repeat for more tokens.")
 
 
 def k_option(k: Optional[str], draft: str) -> int | str | None:
