@@ -291,8 +291,8 @@ def test_sampled_logprobs_are_reported_for_the_tokens_drawn():
     temperature and filters), for whatever was drawn, accepted draft or target token alike."""
     t = lively_target(3)
     params = SamplingParams(temperature=0.8, top_k=5, **CONTROLS["frequency"])
-    events = list(generate(t.model, PROMPT64, params, 20, set(), 256, 3, ModelDrafter(t.model, "self"), 3,
-                           logprobs=0))
+    drafter = ModelDrafter(t.model, "self:2", num_layers=2)  # not the target: some drafts are refused
+    events = list(generate(t.model, PROMPT64, params, 20, set(), 256, 3, drafter, 3, logprobs=0))
     seq = PROMPT64 + emitted(events)
     logits = np.array(t.model(mx.array([seq]), t.model.make_cache())[0], np.float64)
     for i, (lp, top) in enumerate(zip(emitted(events, "logprob"), emitted(events, "top_logprobs"))):
@@ -326,3 +326,15 @@ def test_torch_greedy_with_controls_is_target_only_and_reports_the_same_logprobs
     np.testing.assert_allclose(emitted(plain, "logprob"), emitted(mlx_plain, "logprob"), atol=1e-4)
     assert [[i for i, _ in top] for top in emitted(spec, "top_logprobs")] == \
         [[i for i, _ in top] for top in emitted(mlx_plain, "top_logprobs")]
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLS))
+def test_a_drafter_processes_its_own_draft_as_the_target_will(name):
+    """The target drafting for itself (all its layers) with the processors applied along its own
+    draft proposes exactly the target's greedy tokens: every draft is accepted, so its windows
+    over drafted positions are the verify rows' windows."""
+    t = lively_target(3)
+    params = SamplingParams(**(GREEDY_BIAS if name == "bias" else CONTROLS[name]))
+    steps = [ev for ev in generate(t.model, PROMPT64, params, 40, set(), 256, 0, ModelDrafter(t.model, "self"), 4)
+             if isinstance(ev, Step)]
+    assert sum(ev.k for ev in steps) > 20 and all(ev.accepted == ev.k for ev in steps)
