@@ -19,7 +19,7 @@ FIELDS = {"model": ["default", "gpt-4o", "", 7, None], "max_tokens": [1, 3, 0, -
           "repetition_penalty": [0, 1, 1.3, -1, 1e308, float("inf"), "x"],
           "repetition_context_size": [1, 20, 0, 10**9, 2.5], "presence_context_size": [1, 20, -3],
           "presence_penalty": [0, 1.5, -2, 3, float("nan"), "x"], "frequency_penalty": [0, 0.7, -2.5, True],
-          "logit_bias": [{}, {"5": 10}, {"5": 101}, {"x": 1}, {"-1": 1}, {"99999999999": 1}, {"05": 1, "5": 2},
+          "logit_bias": [{}, {"5": 10}, {"5": 101}, {"x": 1}, {"-1": 1}, {"99999999999": 1}, {"9" * 5000: 1}, {"05": 1, "5": 2},
                          {"7": "a"}, [], "5"],
           "logprobs": [True, False, 0, 3, 5, 21, -1, "yes"], "top_logprobs": [0, 2, 20, 21, -1, "2", None]}
 TEXTS = ["Hi", "", " ", "\ud800 lone surrogate", "word " * 3000, "\x00\x01", "日本語", "a" * 20]

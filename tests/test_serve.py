@@ -93,6 +93,7 @@ def test_chat_content_parts_are_joined():
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 101}}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"five": 1}}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"-5": 1}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"9" * 5000: 1}}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": "1"}}, 400, "invalid_type"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 1, "05": 2}}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": [5]}, 400, "invalid_type"),

@@ -13,6 +13,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.session import SessionOptions
 
 MAX_STOPS = 4  # as OpenAI's API
+MAX_ID_DIGITS = 12
 CHAT, TEXT = "chat", "text"  # the two generation endpoints
 
 
@@ -157,6 +158,9 @@ def _logit_bias(bias: dict) -> tuple[tuple[int, float], ...]:
     for key, value in bias.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit()):
             raise ApiError(400, f"logit_bias keys must be token ids (decimal integers >= 0), got {key!r}", "invalid_value")
+        if len(key) > MAX_ID_DIGITS:  # no vocabulary is that large (and int() refuses 4,300 digits)
+            raise ApiError(400, f"logit_bias token id {key[:MAX_ID_DIGITS]}... is outside the vocabulary",
+                           "invalid_value")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ApiError(400, f"logit_bias[{key!r}] must be a number, got {value!r}", "invalid_type")
         out.append((int(key), float(value)))
