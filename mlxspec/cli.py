@@ -18,9 +18,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from mlxspec.errors import MlxspecError
-from mlxspec.flags import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt, RemeasureOpt,
-                           SystemOpt, TempOpt, TopPOpt, TreeNodesOpt, TreeOpt, check_max_tokens, checked_draft, k_option,
-                           measured_target, named_draft, read_prompt, tree_option, with_system)
+from mlxspec.flags import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, FrequencyOpt, KFixedOpt, KOpt, LogitBiasOpt,
+                           MinPOpt, ModelOpt, PresenceOpt, RemeasureOpt, RepetitionContextOpt, RepetitionOpt, SystemOpt,
+                           TempOpt, TopKOpt, TopPOpt, TreeNodesOpt, TreeOpt, check_max_tokens, checked_draft, k_option,
+                           measured_target, named_draft, read_prompt, sampling_params, tree_option, with_system)
 from mlxspec.targets import store
 from mlxspec.terminal import check_out_folder, err, friendly, print_json, progress_bar, write_json
 from mlxspec.torchpath import backend_spec
@@ -48,8 +49,14 @@ def generate(
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Stop after this many new tokens."),
     temp: float = TempOpt,
     top_p: float = TopPOpt,
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability."),
+    top_k: int = TopKOpt,
+    min_p: float = MinPOpt,
+    repetition_penalty: float = RepetitionOpt,
+    repetition_context_size: int = RepetitionContextOpt,
+    presence_penalty: float = PresenceOpt,
+    frequency_penalty: float = FrequencyOpt,
+    logit_bias: Optional[list[str]] = LogitBiasOpt,
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", show_default=False, help="With --json: give each emitted token the target's log-probability (log-softmax after the penalties and bias, before temperature and filters) and its N most likely alternatives (0..20)."),
     seed: int = typer.Option(0, help="Random seed for sampling."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     dtype: str = DtypeOpt,
@@ -64,21 +71,26 @@ def generate(
 ) -> None:
     """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
     (or --draft; --draft none for target-only decoding)."""
-    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.core.sampling import MAX_TOP_LOGPROBS
     from mlxspec.printer import ReplyPrinter
     from mlxspec.session import Session, SessionOptions
 
     text = read_prompt(prompt, prompt_file, prompt_opt)
     if system_prompt is not None and raw:
         raise MlxspecError("--system-prompt needs the chat template; drop --raw")
-    params = SamplingParams(temp, top_p, top_k, min_p)
+    params = sampling_params(temp, top_p, top_k, min_p, repetition_penalty, repetition_context_size, presence_penalty,
+                             frequency_penalty, logit_bias)
+    if logprobs is not None and not as_json:
+        raise MlxspecError("--logprobs goes with --json (each token's object carries them)")
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise MlxspecError(f"--logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {logprobs}")
     check_max_tokens(max_tokens)
     shape = tree_option(tree, tree_nodes, k, draft)
     k = k_option(k, draft)
     session = Session.open(SessionOptions(model, dtype, backend_spec(backend, device), named_draft(draft, model), k,
                                           shape, remeasure_cost))
     reply = ReplyPrinter(session, "auto" if k is None else k, as_json)
-    for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw):
+    for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw, logprobs=logprobs):
         reply.add(ev)
 
 
@@ -125,6 +137,13 @@ def chat(
     tree_nodes: Optional[int] = TreeNodesOpt,
     temp: float = TempOpt,
     top_p: float = TopPOpt,
+    top_k: int = TopKOpt,
+    min_p: float = MinPOpt,
+    repetition_penalty: float = RepetitionOpt,
+    repetition_context_size: int = RepetitionContextOpt,
+    presence_penalty: float = PresenceOpt,
+    frequency_penalty: float = FrequencyOpt,
+    logit_bias: Optional[list[str]] = LogitBiasOpt,
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
@@ -139,8 +158,11 @@ def chat(
 
     shape = tree_option(tree, tree_nodes, k, draft)
     k = k_option(k, draft)
+    params = sampling_params(temp, top_p, top_k, min_p, repetition_penalty, repetition_context_size, presence_penalty,
+                             frequency_penalty, logit_bias)
     run_chat(model, named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
              backend=backend_spec(backend, device), **({"tree": shape} if shape else {}),
+             **({"sampling": params} if params != sampling_params(temp, top_p) else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 
@@ -499,6 +521,8 @@ def serve(
     k: Optional[str] = KOpt,
     temp: float = typer.Option(0.0, "--temp", "-t", help="Default sampling temperature (a request's temperature wins)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Default nucleus sampling mass (a request's top_p wins)."),
+    top_k: int = typer.Option(0, "--top-k", help="Default top-k (0 = off; a request's top_k wins)."),
+    min_p: float = typer.Option(0.0, "--min-p", help="Default min-p (a request's min_p wins)."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="New tokens when a request gives no max_tokens."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
@@ -512,16 +536,15 @@ def serve(
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
     /v1/completions, streaming too) over the same engine and drafters as generate; requests are
     decoded one at a time. Ctrl-C stops it."""
-    from mlxspec.core.sampling import SamplingParams
     from mlxspec.serve import ServeOptions, run_server
 
-    SamplingParams(temp, top_p)  # refuse bad defaults before the model loads
+    sampling_params(temp, top_p, top_k, min_p)  # refuse bad defaults before the model loads
     check_max_tokens(max_tokens)
     if not 0 <= port <= 65535:
         raise MlxspecError(f"--port must be in 0..65535 (0: any free port), got {port}")
     shape = tree_option(tree, tree_nodes, k, draft)
     options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), temp, top_p, max_tokens, dtype,
-                           remeasure_cost, host, port, shape, backend_spec(backend, device))
+                           remeasure_cost, host, port, shape, backend_spec(backend, device), top_k, min_p)
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
 

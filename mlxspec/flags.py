@@ -32,6 +32,15 @@ DeviceOpt = typer.Option(None, "--device", show_default=False, help="With --back
 
 TempOpt = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy.")
 TopPOpt = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1].")
+TopKOpt = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off).")
+MinPOpt = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability.")
+# The logits processors (mlx-lm's definitions; each position judged after its own prefix, so exact
+# under speculation too). Presence and frequency look back 20 tokens, as mlx-lm's defaults.
+RepetitionOpt = typer.Option(1.0, "--repetition-penalty", help="mlx-lm's repetition penalty: a token among the last --repetition-context-size has its logit divided by this (multiplied when negative); 1 = off.")
+RepetitionContextOpt = typer.Option(20, "--repetition-context-size", help="How many recent tokens (prompt included) the repetition penalty looks at.")
+PresenceOpt = typer.Option(0.0, "--presence-penalty", help="OpenAI's presence penalty in [-2, 2]: subtracted from the logit of each token among the last 20.")
+FrequencyOpt = typer.Option(0.0, "--frequency-penalty", help="OpenAI's frequency penalty in [-2, 2]: subtracted from a token's logit once per time it occurs among the last 20.")
+LogitBiasOpt = typer.Option(None, "--logit-bias", show_default=False, metavar="ID=BIAS", help="ID=BIAS: add BIAS (-100..100) to token ID's logit; repeat for more tokens.")
 
 
 def k_option(k: Optional[str], draft: str) -> int | str | None:
@@ -62,6 +71,32 @@ def tree_option(tree: Optional[str], tree_nodes: Optional[int], k: Optional[str]
     if k is not None:
         raise MlxspecError("give --k or --tree, not both: a tree's depth is its K")
     return shape
+
+
+def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                    repetition_context_size: int = 20, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                    logit_bias: Optional[list[str]] = None) -> Any:
+    """The sampling flags as a checked ``SamplingParams``: a bad value is one error line before
+    anything loads (a bias for a token past the vocabulary is refused once the model is known)."""
+    from mlxspec.core.sampling import SamplingParams
+
+    return SamplingParams(temp, top_p, top_k, min_p, repetition_penalty=repetition_penalty,
+                          repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
+                          frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias or []))
+
+
+def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
+    """``--logit-bias ID=BIAS`` values as (id, bias) pairs."""
+    out = []
+    for item in items:
+        tok, sep, bias = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out.append((int(tok), float(bias)))
+        except ValueError:
+            raise MlxspecError(f"bad --logit-bias {item!r}: expected ID=BIAS, e.g. 1234=-5") from None
+    return tuple(out)
 
 
 def check_max_tokens(max_tokens: int) -> None:

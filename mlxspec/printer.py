@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from mlxspec.core.events import Done, Event, Status, Step
+from mlxspec.core.events import Done, Event, Status, Step, Token
 from mlxspec.measure.runs import Run, RunCollector
 from mlxspec.session import Session, StepText
 from mlxspec.terminal import err
@@ -35,7 +35,7 @@ class ReplyPrinter:
     def step(self, ev: Step) -> None:
         for t, piece in self.text.pieces(ev):
             if self.as_json:
-                self.write({"token": t.id, "text": piece, "status": t.status.value})
+                self.write({"token": t.id, "text": piece, "status": t.status.value} | self.logprobs(t))
             elif t.status is not Status.REJECTED:
                 self.out.write(piece)
         if self.as_json and self.drafter is not None:
@@ -44,6 +44,14 @@ class ReplyPrinter:
                 step["tree"] = ev.tree.to_dict()
             self.write({"step": step})
         self.out.flush()
+
+    def logprobs(self, t: Token) -> dict:
+        """``--logprobs``: the token's log-probability and alternatives (nothing when not asked for,
+        or for a rejected draft, which is not part of the reply)."""
+        if t.logprob is None:
+            return {}
+        top = [{"token": i, "text": self.text.alone(i), "logprob": lp} for i, lp in t.top_logprobs or ()]
+        return {"logprob": t.logprob, "top_logprobs": top}
 
     def summary(self, run: Run) -> dict:
         """The ``--json`` summary of a ``Run``: decode tokens/s 0.0 when there is none, no

@@ -45,6 +45,7 @@ from mlxspec.core import ops as mlx_ops
 from mlxspec.core.events import Event, Step
 from mlxspec.core.model import Llama, LlamaConfig
 from mlxspec.core.sampling import SamplingParams, probs
+from mlxspec.core.tree import first_line
 
 
 class EnumerationError(AssertionError):
@@ -421,3 +422,120 @@ def sampled_tree_chi_square(target, drafter, runs: int = 3000) -> tuple[float, l
                                                     params), dtype=np.float64), PROMPT, EXACT_VOCAB, 2)
     want = want / want.sum()
     return chisquare(counts.ravel(), want.ravel() * counts.sum()).pvalue, steps
+
+
+# ----------------------------------------------------------------------------- trees
+# The exact joint of a tree-drafting engine whose trees are verified by ``tree_sample_verify``
+# (deterministic children): tests/test_tree.py and tests/test_processors.py check it.
+
+
+@dataclass
+class _TreePoint:
+    branches: int
+    taken: int
+    weight: float = 1.0
+
+
+class TreeOracle:
+    """Stands in for ``mx.random.categorical`` inside ``tree_sample_verify``: it walks the tree
+    itself, branching over the target's distribution at each node it reaches within the horizon
+    (weights softmax of the very logits the rule samples from), answers with those choices
+    (anything in a row the walk does not reach), and checks that the rule ends where the walk
+    does. Past the horizon a row is drawn once, as its most likely token (its branches would
+    sum to 1)."""
+
+    def __init__(self, horizon: int):
+        self.horizon = horizon
+        self.script: list[int] = []
+        self.side_weight = 0.0  # probability that some accepted path leaves the first line
+
+    def start_run(self) -> None:
+        self.path: list[_TreePoint] = []
+        self.emitted = 0
+        self.tree: tuple[list[int], tuple[int, ...]] | None = None
+        self.expect: tuple[int, int] | None = None
+        self.side = False
+
+    def _choose(self, branches: int) -> _TreePoint:
+        i = len(self.path)
+        point = _TreePoint(branches, self.script[i] if i < len(self.script) else 0)
+        self.path.append(point)
+        return point
+
+    def verifier(self, inner: Callable) -> Callable:
+        def verify(tokens, parents, p, key):
+            mx.eval(tokens, p)
+            self.tree = (tokens.tolist(), tuple(parents))
+            try:
+                last, nxt = inner(tokens, parents, p, key)
+            finally:
+                self.tree = None
+            if (last.item(), nxt.item()) != self.expect:
+                raise EnumerationError(f"the rule ended at {(last.item(), nxt.item())}, the walk at {self.expect}")
+            return last, nxt
+
+        return verify
+
+    def categorical(self, logits, axis=-1, shape=None, num_samples=None, key=None):
+        if self.tree is None or logits.ndim != 2 or shape is not None or num_samples is not None:
+            raise EnumerationError(f"an unexpected categorical draw over shape {logits.shape}")
+        tokens, parents = self.tree
+        lp = np.array(logits.astype(mx.float32), dtype=np.float64)
+        w = np.exp(lp - lp.max(axis=-1, keepdims=True))
+        w /= w.sum(axis=-1, keepdims=True)
+        choices = w.argmax(axis=-1)
+        node, depth = -1, 0
+        while True:
+            row = w[node + 1]
+            if self.emitted + depth + 1 > self.horizon:
+                value = int(row.argmax())
+            else:
+                support = np.flatnonzero(row > 0)
+                point = self._choose(len(support))
+                value = int(support[point.taken])
+                point.weight = float(row[value])
+            choices[node + 1] = value
+            kids = [i for i, p in enumerate(parents) if p == node and tokens[i] == value]
+            if not kids:
+                break
+            if self.emitted + depth + 1 <= self.horizon and kids[0] != first_line(parents, node)[:1][0]:
+                self.side = True
+            node, depth = kids[0], depth + 1
+        self.expect = (node, value)
+        return mx.array(choices.astype(np.uint32))
+
+
+def tree_engine_distribution(run: Callable, horizon: int, monkeypatch, max_runs: int = 20_000):
+    """The exact joint of the first ``horizon`` tokens ``run()`` emits, and the probability
+    that an accepted path leaves the drafter's first line within them."""
+    oracle = TreeOracle(horizon)
+    joint = np.zeros((EXACT_VOCAB,) * horizon)
+    side = 0.0
+    with monkeypatch.context() as mp:
+        mp.setattr(mlx_ops, "tree_sample_verify", oracle.verifier(mlx_ops.tree_sample_verify))
+        mp.setattr(mx.random, "categorical", oracle.categorical)
+        for _ in range(max_runs):
+            oracle.start_run()
+            tokens = []
+            gen = run()
+            try:
+                for ev in gen:
+                    if isinstance(ev, Step):
+                        if ev.tree is None:
+                            raise EnumerationError("a step without a tree")
+                        tokens += ev.emitted
+                        oracle.emitted = len(tokens)
+                        if len(tokens) >= horizon:
+                            break
+            finally:
+                gen.close()
+            weight = float(np.prod([pt.weight for pt in oracle.path]))
+            joint[tuple(tokens[:horizon])] += weight
+            side += weight * oracle.side
+            i = len(oracle.path) - 1
+            while i >= 0 and oracle.path[i].taken + 1 >= oracle.path[i].branches:
+                i -= 1
+            if i < 0:
+                return joint, side
+            oracle.script = [pt.taken for pt in oracle.path[:i]] + [oracle.path[i].taken + 1]
+    raise EnumerationError(f"more than {max_runs} runs")

@@ -14,7 +14,14 @@ FIELDS = {"model": ["default", "gpt-4o", "", 7, None], "max_tokens": [1, 3, 0, -
           "temperature": [0, 0.7, -1, 1e308, float("inf"), float("nan"), "hot", None],
           "top_p": [1, 0.5, 0, 2, -0.1, None], "seed": [0, -1, 2**70, "x", 1.5], "stream": [False, True, "yes", 1],
           "stop": ["\n", ["a", "b"], ["x"] * 9, [1], "", None], "n": [1, 2, 0],
-          "mlxspec": [{"token_status": True}, {"token_status": "yes"}, [], None]}
+          "mlxspec": [{"token_status": True}, {"token_status": "yes"}, [], None],
+          "top_k": [0, 5, -1, 10**9, "3"], "min_p": [0, 0.1, 1.5, None],
+          "repetition_penalty": [0, 1, 1.3, -1, 1e308, float("inf"), "x"],
+          "repetition_context_size": [1, 20, 0, 10**9, 2.5], "presence_context_size": [1, 20, -3],
+          "presence_penalty": [0, 1.5, -2, 3, float("nan"), "x"], "frequency_penalty": [0, 0.7, -2.5, True],
+          "logit_bias": [{}, {"5": 10}, {"5": 101}, {"x": 1}, {"-1": 1}, {"99999999999": 1}, {"9" * 5000: 1}, {"05": 1, "5": 2},
+                         {"7": "a"}, [], "5"],
+          "logprobs": [True, False, 0, 3, 5, 21, -1, "yes"], "top_logprobs": [0, 2, 20, 21, -1, "2", None]}
 TEXTS = ["Hi", "", " ", "\ud800 lone surrogate", "word " * 3000, "\x00\x01", "日本語", "a" * 20]
 
 
@@ -68,6 +75,10 @@ def valid(rng: random.Random, host: str) -> bytes:
     chat = rng.random() < 0.5
     obj: dict = {"max_tokens": rng.randint(1, 3), "temperature": rng.choice([0, 0.5, 1.0]), "seed": rng.randint(0, 9),
                  "stream": rng.random() < 0.3}
+    if rng.random() < 0.3:  # the logits processors and reported log-probabilities, within their ranges
+        obj |= {"repetition_penalty": rng.choice([1.0, 1.2]), "presence_penalty": rng.choice([0, 0.5, -1]),
+                "frequency_penalty": rng.choice([0, 1.0]), "logit_bias": rng.choice([{}, {"17": -100}, {"5": 3.5}]),
+                "logprobs": True, "top_logprobs": rng.randint(0, 3)}
     if chat:
         obj["messages"] = [{"role": "user", "content": rng.choice(["Hi", "What is 2+2?", "日本語", "a" * 20])}]
     else:

@@ -364,3 +364,59 @@ def test_a_draft_that_names_no_drafter_is_refused_before_anything_opens(command,
                    r"unknown drafter 'banana': not one of none, default, ngram\[:N\], suffix\[:N\], self:L, "
                    r"a shipped draft \(smollm2-135m-draft, smollm2-135m-eagle\)")
     one_line_error(invoke(*command, "--draft", "self:abc"), "expected self:L with L an integer")
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["generate", "hi", "--presence-penalty", "3"], r"presence penalty must be in \[-2, 2\], got 3"),
+        (["generate", "hi", "--frequency-penalty", "nan"], r"frequency penalty must be in \[-2, 2\]"),
+        (["generate", "hi", "--repetition-penalty", "0"], "repetition penalty must be a finite number > 0"),
+        (["generate", "hi", "--repetition-context-size", "0"], r"repetition context size must be in 1\.\.4096"),
+        (["generate", "hi", "--logit-bias", "5"], r"bad --logit-bias '5': expected ID=BIAS"),
+        (["generate", "hi", "--logit-bias", "5=x"], r"bad --logit-bias '5=x'"),
+        (["generate", "hi", "--logit-bias", "5=200"], r"a logit bias must be in \[-100, 100\], got 200"),
+        (["generate", "hi", "--logit-bias", "5=1", "--logit-bias", "5=2"], "distinct"),
+        (["generate", "hi", "--logprobs", "2"], "--logprobs goes with --json"),
+        (["generate", "hi", "--logprobs", "21", "--json"], r"--logprobs must be in 0\.\.20"),
+        (["chat", "--presence-penalty", "-2.5"], r"presence penalty must be in \[-2, 2\]"),
+        (["serve", "--top-k", "-1"], "top-k must be >= 0"),
+        (["serve", "--min-p", "2"], r"min-p must be in \[0, 1\]"),
+    ],
+)
+def test_bad_sampling_controls_are_one_line_errors(args, pattern):
+    one_line_error(invoke(*args), pattern)
+
+
+def test_chat_passes_the_sampling_controls_through(monkeypatch):
+    import mlxspec.tui.chat.app
+    from mlxspec.core.sampling import SamplingParams
+
+    calls = []
+    monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(kw))
+    assert invoke("chat", "-d", "none").exit_code == 0
+    assert invoke("chat", "-d", "none", "--top-k", "5", "--repetition-penalty", "1.2", "--logit-bias", "7=-100",
+                  "--frequency-penalty", "0.5").exit_code == 0
+    assert "sampling" not in calls[0]  # nothing asked for: the chat's own settings
+    assert calls[1]["sampling"] == SamplingParams(top_k=5, repetition_penalty=1.2, frequency_penalty=0.5,
+                                                  logit_bias=((7, -100.0),))
+
+
+@pytest.mark.model
+def test_generate_reports_logprobs_the_same_with_or_without_a_drafter():
+    """Greedy with penalties: the same tokens and (to float rounding) log-probabilities, prompt
+    lookup drafting or not; alternatives best first, the chosen token first among them."""
+    args = ["generate", "Repeat: the quick brown fox, the quick brown fox, the quick", "--json", "-n", "16",
+            "--logprobs", "2", "--presence-penalty", "0.4", "--repetition-penalty", "1.1", "-k", "4"]
+    runs = []
+    for draft in ("none", "ngram:3"):
+        r = invoke(*args, "--draft", draft)
+        assert r.exit_code == 0, r.output
+        runs.append([row for row in map(json.loads, r.stdout.splitlines()) if row.get("status") not in (None, "rejected", "flush")])
+    plain, spec = runs
+    assert [t["token"] for t in plain] == [t["token"] for t in spec]
+    assert any(t["status"] == "accepted" for t in spec)
+    for a, b in zip(plain, spec):
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-3)
+        assert len(a["top_logprobs"]) == 2 and a["top_logprobs"][0]["logprob"] >= a["top_logprobs"][1]["logprob"]
+        assert a["top_logprobs"][0]["token"] == a["token"]  # greedy: the choice is the most likely

@@ -21,12 +21,15 @@ import pytest
 
 from mlxspec.core.events import Done, Status, Step, Token
 from mlxspec.core.sampling import SamplingParams
+from mlxspec.serve.logprobs import token_logprobs
+from mlxspec.serve.requests import check_bias_ids
 from mlxspec.serve import (
     CHAT,
     TEXT,
     ApiError,
     ServeOptions,
     StopScanner,
+    choice,
     Tally,
     parse_generation,
     parse_json,
@@ -77,12 +80,32 @@ def test_chat_content_parts_are_joined():
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, 400, "invalid_stop"),
     (TEXT, {"prompt": ""}, 400, "missing_prompt"),
-    # accepted and then ignored until now: refused unless their value changes nothing
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "unsupported_parameter"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}, 400, "unsupported_parameter"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, 400, "unsupported_parameter"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}, 400, "unsupported_parameter"),
+    # not implemented: refused unless their value changes nothing
     (TEXT, {"prompt": "hi", "echo": True}, 400, "unsupported_parameter"),
+    # the logits processors and logprobs: OpenAI's (and mlx-lm's) ranges and types
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 2.5}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": -3}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": "1"}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": -1}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1e999}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "repetition_context_size": 0}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "frequency_context_size": 1.5}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 101}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"five": 1}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"-5": 1}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"9" * 5000: 1}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": "1"}}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 1, "05": 2}}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": [5]}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, 400,
+     "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": True}, 400,
+     "invalid_type"),
+    (TEXT, {"prompt": "hi", "logprobs": 21}, 400, "invalid_value"),
+    (TEXT, {"prompt": "hi", "logprobs": -1}, 400, "invalid_value"),
+    (TEXT, {"prompt": "hi", "logprobs": 2, "top_logprobs": 2}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "wat": 1}, 400, "unknown_parameter"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, 400, "unknown_parameter"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "mlxspec": {"token_status": "yes"}}, 400, "invalid_type"),
@@ -104,9 +127,55 @@ def test_bad_requests_are_openai_shaped_errors(kind, body, status, code):
 def test_neutral_values_of_unimplemented_fields_pass_and_top_k_min_p_are_used():
     body = {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0, "frequency_penalty": 0.0,
             "logprobs": False, "logit_bias": {}, "n": 1, "user": "me", "stream_options": None, "top_k": 5,
-            "min_p": 0.1, "temperature": 0.7}
+            "min_p": 0.1, "temperature": 0.7, "echo": False, "repetition_penalty": 0}
     req = parse_generation(CHAT, body, ServeOptions(), NAMES)
     assert (req.params.top_k, req.params.min_p, req.params.temperature) == (5, 0.1, 0.7)
+    assert not req.params.processes and req.logprobs is None  # 0: mlx-lm's server's "no repetition penalty"
+
+
+def test_sampling_controls_are_read():
+    body = {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5, "frequency_penalty": -1,
+            "repetition_penalty": 1.2, "repetition_context_size": 8, "presence_context_size": 4,
+            "logit_bias": {"17": -100, "5": 2.5}, "logprobs": True, "top_logprobs": 3}
+    req = parse_generation(CHAT, body, ServeOptions(top_k=7, min_p=0.05), NAMES)
+    p = req.params
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.repetition_context_size,
+            p.presence_context_size, p.frequency_context_size) == (0.5, -1.0, 1.2, 8, 4, 20)
+    assert p.logit_bias == ((17, -100.0), (5, 2.5)) and (p.top_k, p.min_p) == (7, 0.05)  # the server's defaults
+    assert req.logprobs == 3
+    assert parse_generation(CHAT, {"messages": body["messages"], "logprobs": True}, ServeOptions(), NAMES).logprobs == 0
+    # completions: OpenAI's count, or mlx-lm's boolean with top_logprobs
+    assert parse_generation(TEXT, {"prompt": "hi", "logprobs": 2}, ServeOptions(), NAMES).logprobs == 2
+    assert parse_generation(TEXT, {"prompt": "hi", "logprobs": 0}, ServeOptions(), NAMES).logprobs == 0
+    assert parse_generation(TEXT, {"prompt": "hi", "logprobs": True, "top_logprobs": 4}, ServeOptions(),
+                            NAMES).logprobs == 4
+    assert parse_generation(TEXT, {"prompt": "hi", "logprobs": None}, ServeOptions(), NAMES).logprobs is None
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused():
+    req = parse_generation(CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"49152": 1}},
+                           ServeOptions(), NAMES)
+    with pytest.raises(ApiError) as e:
+        check_bias_ids(req, 49152)
+    assert (e.value.status, e.value.code) == (400, "invalid_value") and "49152" in e.value.message
+    check_bias_ids(req, 49153)
+
+
+def test_logprob_reports_in_openai_shapes():
+    toks = [Token(5, Status.ACCEPTED, -0.5, ((5, -0.5), (9, -1.5))), Token(6, Status.REJECTED),
+            Token(7, Status.CORRECTED, -2.0, ((8, -0.25), (7, -2.0)))]
+    names = {5: "Hello", 7: " wor", 8: " world", 9: "Hi"}
+    entries = token_logprobs(toks, ["Hello", " wor"], names.__getitem__, offset=10)
+    assert [(e.text, e.logprob, e.offset) for e in entries] == [("Hello", -0.5, 10), (" wor", -2.0, 15)]
+    chat_shape = choice(CHAT, "Hello wor", "stop", chunk=False, logprobs=entries)["logprobs"]
+    assert chat_shape["content"][1] == {"token": " wor", "logprob": -2.0, "bytes": list(b" wor"), "top_logprobs": [
+        {"token": " world", "logprob": -0.25, "bytes": list(b" world")}, {"token": " wor", "logprob": -2.0,
+                                                                        "bytes": list(b" wor")}]}
+    text_shape = choice(TEXT, "Hello wor", None, chunk=True, logprobs=entries)["logprobs"]
+    assert text_shape == {"tokens": ["Hello", " wor"], "token_logprobs": [-0.5, -2.0],
+                          "top_logprobs": [{"Hello": -0.5, "Hi": -1.5}, {" world": -0.25, " wor": -2.0}],
+                          "text_offset": [10, 15]}
+    assert choice(CHAT, "x", None, chunk=True)["logprobs"] is None  # not asked for
 
 
 @pytest.mark.parametrize("raw", [b"{nope", b"[1, 2]", b"\xff"])
@@ -165,11 +234,33 @@ def engine_reply(lm, spec: str, prompt: str, raw: bool) -> dict:
     return {"text": lm.tokenizer.decode(tokens), "usage": tally.usage(), "tally": tally}
 
 
+# Requests with logits processors and reported log-probabilities, and the engine's target-only reply to them.
+PENALISED = {"presence_penalty": 0.4, "frequency_penalty": 0.3, "repetition_penalty": 1.1}
+
+
+def engine_logprobs(lm, prompt: str, raw: bool) -> list[tuple[str, float]]:
+    """Target-only, greedy, with ``PENALISED``: each token's text alone and log-probability."""
+    from mlxspec.core.engine import generate
+    from mlxspec.targets.tokenizer import encode_prompt
+
+    ids = encode_prompt(lm.tokenizer, prompt, raw=raw)
+    out = [(lm.tokenizer.decode([t.id]), t.logprob)
+           for ev in generate(lm.model, ids, SamplingParams(**PENALISED), N, set(lm.tokenizer.eos_token_ids),
+                              lm.context_length, 0, logprobs=2) if isinstance(ev, Step) for t in ev.tokens]
+    import mlx.core as mx
+
+    mx.synchronize()
+    return out
+
+
 @pytest.fixture(scope="module")
 def expected(lm) -> dict:
     """Computed on this thread before any server decodes, so no two threads run MLX at once."""
-    return {(spec, kind): engine_reply(lm, spec, CHAT_PROMPT if kind == CHAT else TEXT_PROMPT, kind == TEXT)
-            for spec in ("none", "ngram:3") for kind in (CHAT, TEXT)}
+    out = {(spec, kind): engine_reply(lm, spec, CHAT_PROMPT if kind == CHAT else TEXT_PROMPT, kind == TEXT)
+           for spec in ("none", "ngram:3") for kind in (CHAT, TEXT)}
+    out |= {("logprobs", kind): engine_logprobs(lm, CHAT_PROMPT if kind == CHAT else TEXT_PROMPT, kind == TEXT)
+            for kind in (CHAT, TEXT)}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +352,43 @@ def check_server(url: str, expected: dict, spec: str) -> None:
 def test_ngram_server_matches_the_engine(ngram_server, expected):
     check_server(ngram_server.url, expected, "ngram:3")
     assert sum(expected[("ngram:3", CHAT)]["tally"].accepted) > 0  # the prompts exercise speculation
+
+
+@pytest.mark.model
+@client_tests
+def test_logprobs_in_openai_shapes_match_target_only(ngram_server, expected):
+    """With penalties on and a drafter (ngram:3, K=4), the reported tokens and log-probabilities
+    are target-only decoding's, whole and streamed, chat and completions."""
+    c = client(ngram_server.url)
+    want = expected[("logprobs", CHAT)]
+    whole = chat(c, stream=False, logprobs=True, top_logprobs=2, extra_body=PENALISED)
+    got = [(e.token, e.logprob) for e in whole.choices[0].logprobs.content]
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert [lp for _, lp in got] == pytest.approx([lp for _, lp in want], abs=1e-3)
+    assert "".join(t for t, _ in got) == whole.choices[0].message.content
+    first = whole.choices[0].logprobs.content[0]
+    assert len(first.top_logprobs) == 2 and first.top_logprobs[0].token == first.token
+    assert first.bytes == list(first.token.encode())
+    assert whole.model_extra["speculation"]["accepted"] > 0  # drafts were verified with the penalties on
+    chunks = list(chat(c, stream=True, logprobs=True, top_logprobs=2, extra_body=PENALISED))
+    streamed_lp = [(e.token, e.logprob) for ch in chunks if ch.choices and ch.choices[0].logprobs
+                   for e in ch.choices[0].logprobs.content]
+    assert streamed_lp == got
+
+    want = expected[("logprobs", TEXT)]
+    text = c.completions.create(model="default", prompt=TEXT_PROMPT, max_tokens=N, temperature=0, logprobs=2,
+                                extra_body=PENALISED)
+    lp = text.choices[0].logprobs
+    assert lp.tokens == [t for t, _ in want]
+    assert lp.token_logprobs == pytest.approx([v for _, v in want], abs=1e-3)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(alts) <= 2 for alts in lp.top_logprobs)
+    chunks = list(c.completions.create(model="default", prompt=TEXT_PROMPT, max_tokens=N, temperature=0, logprobs=2,
+                                       stream=True, extra_body=PENALISED))
+    assert [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens] \
+        == lp.tokens
+    plain = chat(c, stream=False)  # nothing asked for: no logprobs
+    assert plain.choices[0].logprobs is None
 
 
 @pytest.mark.model

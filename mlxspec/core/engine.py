@@ -8,12 +8,17 @@ Invariant: the target cache holds every committed token but the last, ``y``. A s
 [y, d_1..d_m] in one pass; row i of its logits judges d_{i+1} and row m gives the bonus. A
 tree's nodes go in the same pass, each seeing only its ancestors, and afterwards the cache
 keeps just the accepted path's rows.
+
+Logits processors (penalties, logit bias: ``SamplingParams.processes``) and reported
+log-probabilities are extra work on the rows of the same pass, evaluated with the step's one
+sync; with neither asked for, the loop is what it was without them.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 from types import ModuleType
 from typing import Any
@@ -22,6 +27,7 @@ from mlxspec.core.cache import PromptCache, check_trimmable
 from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal, can_branch
 from mlxspec.core.events import Done, Event, NodeStats, Status, Step, Token, Tree
 from mlxspec.core.ops import ops_for
+from mlxspec.core.processors import emitted_logprobs, prefix_tails
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.target import Target
 from mlxspec.core.tree import TreeShape, first_line, path_to, verify_mask, verify_positions
@@ -52,31 +58,46 @@ def generate_plain(
     context: int,
     seed: int = 0,
     kept: PromptCache | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[Event]:
     """Target-only decoding. The next token is computed while the host handles the current one
     (``async_eval``), as mlx-lm does; the one extra step at the end is discarded. ``kept``: a
-    cache from an earlier call to reuse, and to leave this call's cache in."""
+    cache from an earlier call to reuse, and to leave this call's cache in. ``logprobs``: as
+    ``generate``."""
     ops = ops_for(model)
     limit, at_limit = _token_budget(prompt, max_tokens, context)
     cache, n_kept = kept.take(prompt[:-1], False) if kept else (None, 0)
     cache = cache if cache is not None else model.make_cache()
     key = ops.key(seed)
+    width = params.window
 
-    def step(logits: Any, key: Any) -> tuple[Any, Any]:
+    def step(logits: Any, key: Any, tail: Any) -> tuple[Any, Any, tuple]:
+        if tail is not None:
+            logits = ops.process_logits(logits[None], tail, None, params)[0]
         if params.greedy:  # no randomness: skip the key split and its evaluation
-            return ops.sample(logits, params, None), key
-        key, sub = ops.split(key, 2)
-        return ops.sample(logits, params, sub), key
+            tok = ops.sample(logits, params, None)
+        else:
+            key, sub = ops.split(key, 2)
+            tok = ops.sample(logits, params, sub)
+        lps = () if logprobs is None else ops.step_logprobs(logits[None], (), None, tok, logprobs)
+        return tok, key, lps
+
+    def tail_after(last: Any) -> Any:
+        """The processors' window for the position after ``last`` (lazy, not yet in ``fed``)."""
+        if not params.processes:
+            return None
+        return ops.concatenate([ops.tokens(fed[max(0, len(fed) - width + 1):]), last.reshape(1)])[None]
 
     t0 = time.perf_counter()
-    y, key = step(ops.prefill(model, cache, prompt[n_kept:]), key)
-    ops.async_evaluate(y, key)
+    first_tail = ops.tokens(prompt[-width:])[None] if params.processes else None
+    y, key, y_lps = step(ops.prefill(model, cache, prompt[n_kept:]), key, first_tail)
+    ops.async_evaluate(y, key, *_present(y_lps))
     n, reason, t_first, t_prev = 0, at_limit, None, None
     fed = list(prompt)  # what the cache holds once the pass in flight is done
     try:
         while n < limit:
-            nxt, key = step(model(y.reshape(1, 1), cache)[0, -1], key)
-            ops.async_evaluate(nxt, key)
+            nxt, key, nxt_lps = step(model(y.reshape(1, 1), cache)[0, -1], key, tail_after(y))
+            ops.async_evaluate(nxt, key, *_present(nxt_lps))
             tok = y.item()
             fed.append(tok)
             now = time.perf_counter()
@@ -86,9 +107,11 @@ def generate_plain(
                 reason = "eos"
                 break
             n += 1
-            yield Step([Token(tok, Status.PLAIN)], k=0, accepted=0, draft_ms=0.0, verify_ms=(now - t_prev) * 1e3)
+            token = Token(tok, Status.PLAIN)
+            yield Step(_with_logprobs([token], y_lps, (), []), k=0, accepted=0, draft_ms=0.0,
+                       verify_ms=(now - t_prev) * 1e3)
             t_prev = now
-            y = nxt
+            y, y_lps = nxt, nxt_lps
     except Exception:
         kept = None  # a step that failed halfway leaves no cache worth keeping
         raise
@@ -98,6 +121,37 @@ def generate_plain(
     end = time.perf_counter()
     ops.synchronize()  # the speculative next step is still running; finish it before we return
     yield Done(len(prompt), n, prefill_s=t_first - t0, decode_s=end - t_first, stop_reason=reason, steps=n)
+
+
+def _present(arrays: tuple) -> list:
+    """The arrays of ``step_logprobs``'s result that exist (it leaves None for what was not asked)."""
+    return [a for a in arrays if a is not None]
+
+
+def _with_logprobs(tokens: list[Token], lps: tuple, parents: tuple[int, ...], path: list[int]) -> list[Token]:
+    """``tokens`` with each emitted one's log-probability (and alternatives) from ``lps``, the
+    evaluated ``step_logprobs`` of its step (nothing when none were asked for). The emitted
+    tokens are the path's then the target's own, in order, cut at a stop or the budget."""
+    if not lps:
+        return tokens
+    values = iter(emitted_logprobs(lps, parents, path))
+    out = []
+    for t in tokens:
+        if t.emitted:
+            lp, top = next(values)
+            t = replace(t, logprob=lp, top_logprobs=top)
+        out.append(t)
+    return out
+
+
+def _tails(ops: ModuleType, history: list[int], drafted: list[int], parents: tuple[int, ...] | None,
+           params: SamplingParams) -> tuple[Any, Any] | None:
+    """The processors' windows for every row of a verify pass (``prefix_tails``), None when no
+    processor is on."""
+    if not params.processes:
+        return None
+    tails, real = prefix_tails(history, drafted, parents, params.window)
+    return ops.from_numpy(tails), ops.from_numpy(real)
 
 
 def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
@@ -120,13 +174,15 @@ def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
 
 
 def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
-            key: Any, want_hidden: bool) -> tuple[Any, Any, Any, Any]:
+            key: Any, want_hidden: bool, tails: tuple[Any, Any] | None) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, d_1..d_m]: how many drafts it keeps, its next token, and its
-    hidden states and logits of the pass (lazy)."""
+    hidden states and (processed, with ``tails``) logits of the pass (lazy)."""
     draft = proposal.tokens
     out = model(ops.concatenate([ops.tokens([y]), draft])[None], cache,
                 **({"return_hidden": True} if want_hidden else {}))
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
+    if tails is not None:
+        logits = ops.process_logits(logits, *tails, params)
     if params.greedy:
         n_acc, nxt = ops.greedy_verify(draft, logits)
     else:
@@ -136,7 +192,8 @@ def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Propo
 
 
 def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: int, proposal: Proposal,
-                 params: SamplingParams, key: Any, want_hidden: bool) -> tuple[Any, Any, Any, Any]:
+                 params: SamplingParams, key: Any, want_hidden: bool,
+                 tails: tuple[Any, Any] | None) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, tree nodes], ``offset`` committed tokens cached before y: the
     last accepted node (-1: none), the next token and the hidden states and logits of the pass
     (lazy).
@@ -147,6 +204,8 @@ def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: in
                 mask=ops.from_numpy(mask), positions=ops.from_numpy(positions),
                 **({"return_hidden": True} if want_hidden else {}))
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
+    if tails is not None:  # row 1 + i with node i's own ancestry
+        logits = ops.process_logits(logits, *tails, params)
     if params.greedy:
         last, nxt = ops.tree_greedy_verify(proposal.tokens, parents, logits)
     elif proposal.q is not None:  # children sampled from q: multi-round rejection
@@ -215,14 +274,16 @@ def _step_tokens(kept: list[int], refused: list[int], y: int, stop_ids: set[int]
 def generate(model: Target, prompt: list[int], params: SamplingParams, max_tokens: int, stop_ids: set[int],
              context: int, seed: int = 0, drafter: Drafter | None = None, k: int | KPolicy = 4,
              kept: PromptCache | None = None, tree: TreeShape | None = None,
-             node_stats: bool = False) -> Iterator[Event]:
+             node_stats: bool = False, logprobs: int | None = None) -> Iterator[Event]:
     """Speculative decoding with ``drafter`` (target-only decoding without one), drafting ``k``
     tokens a step, or as many as a ``KPolicy`` asks for each step, or a ``tree`` of that shape.
     ``kept``: a cache from an earlier call (a chat's last turn) to reuse, and to leave this
     call's cache in, with the hidden states of its tokens when the drafter reads them.
-    ``node_stats``: give every step's tree its ``NodeStats`` (for ``mlxspec study``)."""
+    ``node_stats``: give every step's tree its ``NodeStats`` (for ``mlxspec study``).
+    ``logprobs``: None, or give every emitted ``Token`` the target's log-probability of it and
+    its ``logprobs`` most likely alternatives (0: none), from the verify pass."""
     if drafter is None:
-        yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept)
+        yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept, logprobs)
         return
     limit, reason = _token_budget(prompt, max_tokens, context)
     if tree is not None:
@@ -243,11 +304,11 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
             t_step = time.perf_counter()
             proposal = _draft(ops, drafter, history, room, tree, params, draft_key, node_stats)
             t_drafted = time.perf_counter()
-            path, y, hidden, stats = _decide(ops, model, cache, history, proposal, params, verify_key,
-                                             drafter.wants_hidden, node_stats)
+            drafted = proposal.tokens.tolist()  # evaluated by _draft
+            path, y, hidden, stats, lps = _decide(ops, model, cache, history, proposal, drafted, params, verify_key,
+                                                  drafter.wants_hidden, node_stats, logprobs)
             t_verified = time.perf_counter()
             draft_ms, verify_ms = (t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3
-            drafted = proposal.tokens.tolist()
             policy.observe(len(drafted), len(path))
             policy.observe_timing(draft_ms, verify_ms, len(drafted))
             kept_hidden = _commit(ops, cache, drafter, history, proposal, drafted, path, y, hidden)
@@ -255,6 +316,7 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
                 held_hidden.append(kept_hidden)
             accepted_lengths.append(len(path))
             tokens, shown, stop = _shown(proposal, drafted, path, y, stats, stop_ids, limit - emitted)
+            tokens = _with_logprobs(tokens, lps, proposal.tree_parents, path)
             emitted += sum(t.emitted for t in tokens)
             t_first = t_first or t_verified
             yield Step(tokens, k=len(drafted), accepted=len(path), draft_ms=draft_ms, verify_ms=verify_ms,
@@ -288,20 +350,24 @@ def _draft(ops: ModuleType, drafter: Drafter, history: list[int], room: int, tre
 
 
 def _decide(ops: ModuleType, model: Target, cache: list, history: list[int], proposal: Proposal,
-            params: SamplingParams, key: Any, want_hidden: bool, node_stats: bool) -> tuple[list[int], int, Any, tuple]:
+            drafted: list[int], params: SamplingParams, key: Any, want_hidden: bool, node_stats: bool,
+            logprobs: int | None) -> tuple[list[int], int, Any, tuple, tuple]:
     """One target pass over [y, proposal] (y = ``history[-1]``, not yet cached): the accepted
-    path (indices into the proposal), the target's next token, the pass's hidden states (lazy)
-    and, with ``node_stats``, each node's statistics. The step's one sync for the decision."""
+    path (indices into the proposal), the target's next token, the pass's hidden states (lazy),
+    with ``node_stats`` each node's statistics and with ``logprobs`` the evaluated
+    ``step_logprobs``. The step's one sync for the decision."""
     y = history[-1]
+    tails = _tails(ops, history, drafted, proposal.parents, params)
     if proposal.is_chain:
-        decided, nxt, hidden, logits = _verify(ops, model, cache, y, proposal, params, key, want_hidden)
+        decided, nxt, hidden, logits = _verify(ops, model, cache, y, proposal, params, key, want_hidden, tails)
     else:
         decided, nxt, hidden, logits = _verify_tree(ops, model, cache, len(history) - 1, y, proposal, params, key,
-                                                    want_hidden)
+                                                    want_hidden, tails)
     stats = ops.node_stats(logits, proposal.tokens, proposal.parents, params) if node_stats and proposal.parents else ()
-    ops.evaluate(decided, nxt, *stats)
+    lps = () if logprobs is None else ops.step_logprobs(logits, proposal.tree_parents, proposal.tokens, nxt, logprobs)
+    ops.evaluate(decided, nxt, *stats, *_present(lps))
     path = list(range(decided.item())) if proposal.is_chain else path_to(proposal.parents, decided.item())
-    return path, nxt.item(), hidden, stats
+    return path, nxt.item(), hidden, stats, lps
 
 
 def _commit(ops: ModuleType, cache: list, drafter: Drafter, history: list[int], proposal: Proposal,

@@ -16,8 +16,15 @@ class Status(str, Enum):
 
 @dataclass(frozen=True)
 class Token:
+    """One token of a step. ``logprob``: the target's log-probability of it, only when the run
+    was asked for them (``generate(..., logprobs=N)``) and only for emitted tokens: the
+    log-softmax of the processed logits at its position (``core.processors``). ``top_logprobs``:
+    the N most likely tokens there, best first, as (id, log-probability), when N > 0."""
+
     id: int
     status: Status
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
 
     @property
     def emitted(self) -> bool:

@@ -3,6 +3,10 @@
 Speculative sampling is exact only if p and q are the *processed* distributions (temperature,
 top-k, top-p, min-p applied), so the same function serves plain sampling, drafting and
 verification. The filters are mlx-lm's; they work on any leading shape (..., V).
+
+``SamplingParams`` also carries the logits processors (penalties, logit bias). Those depend on
+the tokens before each position, so they are applied where the prefix is known: the engine runs
+``processors.process_logits`` on the target's rows before any of the functions here see them.
 """
 
 from __future__ import annotations
@@ -15,12 +19,27 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from mlxspec.errors import MlxspecError
 
 
+MAX_PENALTY = 2.0  # presence and frequency penalties: OpenAI's range [-2, 2]
+MAX_BIAS = 100.0  # logit bias: OpenAI's range [-100, 100]
+MAX_CONTEXT_SIZE = 4096  # the penalties' windows (mlx-lm's default is 20)
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's bound)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
+    # mlx-lm's logits processors (``mlx_lm.sample_utils.make_logits_processors``), each over
+    # the last ``*_context_size`` tokens of the position's own prefix (prompt included).
+    repetition_penalty: float = 1.0  # 1 = off; sign-aware: a seen token's logit x or / this
+    repetition_context_size: int = 20
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from each token seen
+    presence_context_size: int = 20
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted once per occurrence
+    frequency_context_size: int = 20
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, added to its logit), ids distinct
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < float("inf"):  # also refuses NaN
@@ -31,10 +50,40 @@ class SamplingParams:
             raise MlxspecError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise MlxspecError(f"min-p must be in [0, 1], got {self.min_p}")
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise MlxspecError(f"repetition penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty}")
+        for name in ("presence", "frequency"):
+            value = getattr(self, f"{name}_penalty")
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:  # OpenAI's range; also refuses NaN
+                raise MlxspecError(f"{name} penalty must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+        for name in ("repetition", "presence", "frequency"):
+            size = getattr(self, f"{name}_context_size")
+            if not 1 <= size <= MAX_CONTEXT_SIZE:
+                raise MlxspecError(f"{name} context size must be in 1..{MAX_CONTEXT_SIZE}, got {size}")
+        ids = [t for t, _ in self.logit_bias]
+        if len(set(ids)) != len(ids) or any(t < 0 for t in ids):
+            raise MlxspecError("logit bias token ids must be distinct and >= 0")
+        bad = next((b for _, b in self.logit_bias if not -MAX_BIAS <= b <= MAX_BIAS), None)
+        if bad is not None:
+            raise MlxspecError(f"a logit bias must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}], got {bad}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def processes(self) -> bool:
+        """Whether any logits processor is on (off: the engine's path is the plain one)."""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or bool(self.logit_bias))
+
+    @property
+    def window(self) -> int:
+        """How many of a prefix's last tokens the processors that are on read."""
+        sizes = [size for on, size in ((self.repetition_penalty != 1, self.repetition_context_size),
+                                       (self.presence_penalty != 0, self.presence_context_size),
+                                       (self.frequency_penalty != 0, self.frequency_context_size)) if on]
+        return max(sizes, default=1)
 
 
 def logprobs(logits: mx.array, params: SamplingParams) -> mx.array:

@@ -12,7 +12,8 @@ true}`` also gets each token with its status (accepted, rejected, corrected, bon
 
 One module per concern: ``requests`` (options, parsing and checking a request), ``reply`` (text,
 stop strings and counts of one reply), ``decoder`` (the decoding thread), ``responses`` (the JSON
-shapes) and ``server`` (HTTP, starting and stopping).
+shapes), ``logprobs`` (reported log-probabilities in OpenAI's shapes) and ``server`` (HTTP,
+starting and stopping).
 """
 
 from __future__ import annotations

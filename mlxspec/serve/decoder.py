@@ -32,6 +32,7 @@ class Job:
     params: SamplingParams
     max_tokens: int
     seed: int
+    logprobs: int | None = None  # report each token's log-probability with this many alternatives
     items: queue.Queue = field(default_factory=queue.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -130,7 +131,7 @@ class Decoder:
             job.items.put(_END)
             return
         # A request that continues the last conversation prefills only what is new (keep=True).
-        events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True)
+        events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True, logprobs=job.logprobs)
         try:
             for ev in events:
                 job.items.put(ev)

@@ -8,6 +8,7 @@ from typing import Any
 
 from mlxspec.core.events import Status, Step
 from mlxspec.measure.runs import RunCollector
+from mlxspec.serve.logprobs import TokenLogprob, token_logprobs
 from mlxspec.session import StepText
 
 
@@ -70,10 +71,12 @@ class Tally(RunCollector):
 
 @dataclass(frozen=True)
 class Delta:
-    """What one engine step adds to the reply: its text (after stop strings) and its tokens."""
+    """What one engine step adds to the reply: its text (after stop strings), its tokens, and
+    the log-probabilities of those emitted (when the request asked for them)."""
 
     text: str
     tokens: list[dict] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Reply:
@@ -84,6 +87,8 @@ class Reply:
         self.text = StepText(tokenizer)
         self.scanner = StopScanner(stops)
         self.tally = Tally(prompt_tokens)
+        self.decoded = 0  # characters the detokeniser has given out (where the next token's text starts)
+        self.sent = 0  # characters of the reply given out, after stop strings
 
     @property
     def stopped(self) -> bool:
@@ -92,9 +97,15 @@ class Reply:
     def step(self, ev: Step) -> Delta:
         self.tally.add(ev)
         pieces = list(self.text.pieces(ev))
-        text = "".join(piece for t, piece in pieces if t.status is not Status.REJECTED)
+        kept = [piece for t, piece in pieces if t.status is not Status.REJECTED]
         tokens = [{"id": t.id, "text": piece, "status": t.status.value} for t, piece in pieces]
-        return Delta(self.scanner.feed(text), tokens)
+        logprobs = token_logprobs(ev.tokens, kept, self.text.alone, self.decoded)
+        self.decoded += sum(map(len, kept))
+        out = self.scanner.feed("".join(kept))
+        self.sent += len(out)
+        if self.scanner.stopped:  # tokens that only made up the stop string are not part of the reply
+            logprobs = [e for e in logprobs if e.offset < self.sent]
+        return Delta(out, tokens, logprobs)
 
     def finish(self) -> Delta:
         """The text the detokeniser and the stop scanner still hold."""

@@ -8,11 +8,12 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.session import SessionOptions
 
 MAX_STOPS = 4  # as OpenAI's API
+MAX_ID_DIGITS = 12
 CHAT, TEXT = "chat", "text"  # the two generation endpoints
 
 
@@ -32,6 +33,8 @@ class ServeOptions:
     port: int = 8080
     tree: Any = None  # a ``TreeShape`` (--tree): every request drafts trees of it
     backend: str = "mlx"  # or "torch[:DEVICE]" (--backend, --device)
+    top_k: int = 0  # request defaults, as mlx-lm's server's --top-k / --min-p
+    min_p: float = 0.0
 
     @property
     def session(self) -> SessionOptions:
@@ -51,6 +54,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     token_status: bool = False
+    logprobs: int | None = None  # None: none reported; N: each token's, with N alternatives
 
 
 class ApiError(Exception):
@@ -89,14 +93,17 @@ def check_model(body: dict, names: frozenset[str]) -> None:
 # Fields of OpenAI's and mlx-lm's APIs this server does not implement: accepted only at the value
 # that changes nothing (what clients send by default), refused otherwise rather than ignored.
 NEUTRAL: dict[str, tuple] = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
-    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
+    "echo": (False,), "best_of": (1,), "suffix": ("",),
     "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (False, True), "functions": ([],),
-    "response_format": ({"type": "text"},), "modalities": (["text"],), "repetition_context_size": (20,),
+    "response_format": ({"type": "text"},), "modalities": (["text"],),
 }
 IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "reasoning_effort"}  # no effect on output
+# The logits processors are OpenAI's (presence, frequency, logit_bias) and mlx-lm's server's
+# (repetition_penalty and the *_context_size windows).
+PROCESSORS = {"repetition_penalty", "repetition_context_size", "presence_penalty", "presence_context_size",
+              "frequency_penalty", "frequency_context_size", "logit_bias"}
 READ = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-        "min_p", "n", "stream", "stop", "seed", "mlxspec"}
+        "min_p", "n", "stream", "stop", "seed", "mlxspec", "logprobs", "top_logprobs"} | PROCESSORS
 ROLES = ("system", "user", "assistant", "developer")
 
 
@@ -114,8 +121,8 @@ def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozen
         raise ApiError(400, f"max_tokens must be >= 1, got {max_tokens}", "invalid_value")
     try:
         params = SamplingParams(_field(body, "temperature", float, options.temperature),
-                                _field(body, "top_p", float, options.top_p), _field(body, "top_k", int, 0),
-                                _field(body, "min_p", float, 0.0))
+                                _field(body, "top_p", float, options.top_p), _field(body, "top_k", int, options.top_k),
+                                _field(body, "min_p", float, options.min_p), **_processors(body))
     except MlxspecError as e:
         raise ApiError(400, str(e), "invalid_value") from None
     seed = _field(body, "seed", int, None)
@@ -126,7 +133,67 @@ def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozen
         # Like OpenAI: no seed, a fresh draw. MLX keys take an unsigned 64-bit seed; fold any int in.
         secrets.randbelow(2**31) if seed is None else seed % 2**64,
         _stops(body.get("stop")), _field(body, "stream", bool, False),
-        bool(stream_options.get("include_usage", False)), _field(extension, "token_status", bool, False))
+        bool(stream_options.get("include_usage", False)), _field(extension, "token_status", bool, False),
+        _logprobs(body, kind))
+
+
+def _processors(body: dict) -> dict[str, Any]:
+    """The logits processors' fields as ``SamplingParams`` takes them (ranges are checked there)."""
+    out: dict[str, Any] = {}
+    # mlx-lm's server sends 0 for "no repetition penalty" (a factor of 0 would divide by 0).
+    repetition = _field(body, "repetition_penalty", float, 1.0)
+    out["repetition_penalty"] = 1.0 if repetition == 0 else repetition
+    for name in ("presence_penalty", "frequency_penalty"):
+        out[name] = _field(body, name, float, 0.0)
+    for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
+        out[name] = _field(body, name, int, 20)
+    out["logit_bias"] = _logit_bias(_field(body, "logit_bias", dict, {}))
+    return out
+
+
+def _logit_bias(bias: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` (ids as JSON keys are strings) as (id, bias) pairs; the
+    ids' range against the vocabulary is checked once the model is known (``check_bias_ids``)."""
+    out = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise ApiError(400, f"logit_bias keys must be token ids (decimal integers >= 0), got {key!r}", "invalid_value")
+        if len(key) > MAX_ID_DIGITS:  # no vocabulary is that large (and int() refuses 4,300 digits)
+            raise ApiError(400, f"logit_bias token id {key[:MAX_ID_DIGITS]}... is outside the vocabulary",
+                           "invalid_value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ApiError(400, f"logit_bias[{key!r}] must be a number, got {value!r}", "invalid_type")
+        out.append((int(key), float(value)))
+    if len({t for t, _ in out}) != len(out):  # "05" and "5"
+        raise ApiError(400, "logit_bias names a token id twice", "invalid_value")
+    return tuple(out)
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives to report with each token's log-probability, None for none. Chat:
+    ``logprobs`` true/false and ``top_logprobs`` 0..20 (OpenAI's). Completions: OpenAI's
+    ``logprobs`` as the count, or mlx-lm's server's true/false with ``top_logprobs``."""
+    value = body.get("logprobs")
+    if kind == TEXT and isinstance(value, int) and not isinstance(value, bool):  # OpenAI's completions: a count
+        if body.get("top_logprobs") is not None:
+            raise ApiError(400, "give logprobs as a count or top_logprobs, not both", "invalid_value")
+        if not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {value}", "invalid_value")
+        return value
+    on, top = _field(body, "logprobs", bool, False), _field(body, "top_logprobs", int, None)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top}", "invalid_value")
+    if top and not on:
+        raise ApiError(400, "top_logprobs needs logprobs: true", "invalid_value")
+    return (top or 0) if on else None
+
+
+def check_bias_ids(req: GenerationRequest, vocab_size: int) -> None:
+    """A logit bias for a token the model does not have is the client's error, as a prompt id is."""
+    bad = next((t for t, _ in req.params.logit_bias if t >= vocab_size), None)
+    if bad is not None:
+        raise ApiError(400, f"logit_bias token id {bad} is outside the vocabulary (0..{vocab_size - 1})",
+                       "invalid_value")
 
 
 def _check_fields(body: dict, kind: str) -> None:

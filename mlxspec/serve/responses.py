@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mlxspec.serve.decoder import ModelInfo
+from mlxspec.serve.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from mlxspec.serve.reply import Delta, Reply
 from mlxspec.serve.requests import CHAT, TEXT, GenerationRequest
 
@@ -32,19 +33,24 @@ class ResponseMeta:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
 
-def choice(kind: str, text: str, finish: str | None, chunk: bool, role: bool = False) -> dict:
-    """One choice: a chat message (or a chunk's delta) or a text completion's text."""
+def choice(kind: str, text: str, finish: str | None, chunk: bool, role: bool = False,
+           logprobs: list[TokenLogprob] | None = None) -> dict:
+    """One choice: a chat message (or a chunk's delta) or a text completion's text, with the
+    tokens' ``logprobs`` when the request asked for them (None otherwise)."""
+    shaped = None if logprobs is None else (chat_logprobs if kind == CHAT else completion_logprobs)(logprobs)
     if kind == TEXT:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text, "logprobs": shaped, "finish_reason": finish}
     if not chunk:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": shaped,
                 "finish_reason": finish}
     delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text or role else {})
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": finish}
 
 
-def full_response(meta: ResponseMeta, text: str, reply: Reply, info: ModelInfo, tokens: list[dict] | None) -> dict:
-    out = meta.envelope([choice(meta.kind, text, reply.finish_reason, chunk=False)], chunk=False)
+def full_response(meta: ResponseMeta, text: str, reply: Reply, info: ModelInfo, tokens: list[dict] | None,
+                  logprobs: list[TokenLogprob] | None = None) -> dict:
+    """The whole reply; ``logprobs``: every reported token's, when the request asked for them."""
+    out = meta.envelope([choice(meta.kind, text, reply.finish_reason, chunk=False, logprobs=logprobs)], chunk=False)
     out["usage"] = reply.tally.usage()
     out["speculation"] = reply.tally.speculation(info.drafter, info.k)
     if tokens is not None:
@@ -59,9 +65,11 @@ def stream_chunks(meta: ResponseMeta, req: GenerationRequest, deltas: Iterator[D
     (no choices, ``usage``); then that one carries them."""
     if meta.kind == CHAT:
         yield meta.envelope([choice(CHAT, "", None, chunk=True, role=True)], chunk=True)
+    wanted = req.logprobs is not None
     for d in deltas:
-        if d.text or (req.token_status and d.tokens):
-            out = meta.envelope([choice(meta.kind, d.text, None, chunk=True)], chunk=True)
+        if d.text or (req.token_status and d.tokens) or (wanted and d.logprobs):
+            out = meta.envelope([choice(meta.kind, d.text, None, chunk=True,
+                                        logprobs=d.logprobs if wanted else None)], chunk=True)
             if req.token_status:
                 out["mlxspec"] = {"tokens": d.tokens}
             yield out

@@ -24,6 +24,7 @@ from mlxspec.serve.requests import (
     ApiError,
     GenerationRequest,
     ServeOptions,
+    check_bias_ids,
     check_model,
     parse_generation,
     parse_json,
@@ -167,7 +168,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._not_allowed(path)  # reads the body first: the connection stays usable
         req = parse_generation(kinds[path], parse_json(self._read_body()), self.server.options, self.server.names)
         ids = self.server.encode(req)
-        job = Job(ids, req.params, req.max_tokens, req.seed)
+        check_bias_ids(req, self.server.info.vocab_size)
+        job = Job(ids, req.params, req.max_tokens, req.seed, req.logprobs)
         self.server.decoder.submit(job)
         reply = Reply(self.server.info.tokenizer, req.stop, len(ids))
         meta = ResponseMeta.new(req.kind, self.server.info.name)
@@ -183,7 +185,9 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         tokens = [t for d in deltas for t in d.tokens] if req.token_status else None
-        self._json(200, full_response(meta, "".join(d.text for d in deltas), reply, self.server.info, tokens))
+        logprobs = [e for d in deltas for e in d.logprobs] if req.logprobs is not None else None
+        self._json(200, full_response(meta, "".join(d.text for d in deltas), reply, self.server.info, tokens,
+                                      logprobs))
 
     def _stream(self, req: GenerationRequest, job: Job, reply: Reply, meta: ResponseMeta) -> None:
         self.send_response(200)

@@ -24,6 +24,7 @@ from textual.widgets import Footer, Header, Input
 from textual.worker import get_current_worker
 
 from mlxspec.core.events import Done, Step
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import MAX_TREE_NODES, TreeShape, full_size, parse_tree
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.runs import RunCollector
@@ -437,12 +438,13 @@ def shipped_drafts(target: str) -> tuple[str, ...]:
 
 def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float = 0.0,
              top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False,
-             system: str | None = None, backend: str = "mlx", tree: TreeShape | None = None) -> None:
+             system: str | None = None, backend: str = "mlx", tree: TreeShape | None = None,
+             sampling: SamplingParams | None = None) -> None:
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
     starts; a model that fails to load is reported inside the UI. ``tree``: draft trees of that
-    shape (``--tree``, checked by the CLI) instead of chains of K; it needs a drafter."""
+    shape (``--tree``, checked by the CLI) instead of chains of K; it needs a drafter.
+    ``sampling``: the other sampling controls (top-k, min-p, penalties, logit bias), checked."""
     from mlxspec.core.autok import parse_k_option
-    from mlxspec.core.sampling import SamplingParams
     from mlxspec.runtime import DTYPES
 
     k = parse_k_option(k)
@@ -456,7 +458,7 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
     if tree is not None and k == AUTO:
         k = 4  # unused while the tree is on; nothing to measure for it
     settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=temp,
-                        top_p=top_p, max_tokens=max_tokens, system=system, tree=tree)
+                        top_p=top_p, max_tokens=max_tokens, system=system, tree=tree, sampling=sampling)
     if backend not in ("mlx", "auto"):  # refuse a missing torch or device before the UI starts
         from mlxspec.torchpath import pick_device, split_backend
 

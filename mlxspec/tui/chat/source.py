@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
@@ -47,6 +47,9 @@ class Settings:
     seed: int = 0
     system: str | None = None  # a system message before every conversation (--system-prompt)
     tree: TreeShape | None = None  # --tree DxB: draft trees of this shape instead of chains (K unused)
+    # The command line's other sampling controls (top-k, min-p, penalties, logit bias); the
+    # keys' temperature and top-p override its own.
+    sampling: SamplingParams | None = None
 
     @property
     def drafter(self) -> str:
@@ -181,7 +184,8 @@ class ModelSource:
         return self.session.use(settings.drafter, k, tree)
 
     def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
-        params = SamplingParams(settings.temp, settings.top_p)
+        params = (SamplingParams(settings.temp, settings.top_p) if settings.sampling is None
+                  else replace(settings.sampling, temperature=settings.temp, top_p=settings.top_p))
         system = [{"role": "system", "content": settings.system}] if settings.system else []
         events = self.drafting(settings).stream(system + messages, params, settings.max_tokens, settings.seed,
                                                 keep=True)
