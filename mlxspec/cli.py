@@ -19,7 +19,7 @@ from rich.table import Table
 from mlxspec.errors import MlxspecError
 from mlxspec.flags import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt, RemeasureOpt,
                            SystemOpt, TempOpt, TopPOpt, TreeNodesOpt, TreeOpt, check_max_tokens, checked_draft, k_option,
-                           measured_target, named_draft, read_prompt, tree_option, with_system)
+                           measured_target, named_draft, parse_size, read_prompt, tree_option, with_system)
 from mlxspec.targets import store
 from mlxspec.terminal import check_out_folder, err, friendly, print_json, progress_bar, write_json
 from mlxspec.torchpath import backend_spec
@@ -504,6 +504,8 @@ def serve(
     tree_nodes: Optional[int] = TreeNodesOpt,
     backend: str = BackendOpt,
     device: Optional[str] = DeviceOpt,
+    prompt_cache_size: int = typer.Option(10, "--prompt-cache-size", help="Conversations whose caches are kept between requests, least recently used dropped first (clients taking turns each find theirs)."),
+    prompt_cache_bytes: str = typer.Option("2G", "--prompt-cache-bytes", help="Memory those caches may hold at most: bytes, or with M or G (decimal units)."),
 ) -> None:
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
     /v1/completions, streaming too) over the same engine and drafters as generate; requests are
@@ -515,9 +517,13 @@ def serve(
     check_max_tokens(max_tokens)
     if not 0 <= port <= 65535:
         raise MlxspecError(f"--port must be in 0..65535 (0: any free port), got {port}")
+    if prompt_cache_size < 1:
+        raise MlxspecError(f"--prompt-cache-size must be >= 1, got {prompt_cache_size}")
     shape = tree_option(tree, tree_nodes, k, draft)
     options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), temp, top_p, max_tokens, dtype,
-                           remeasure_cost, host, port, shape, backend_spec(backend, device))
+                           remeasure_cost, host, port, shape, backend_spec(backend, device),
+                           prompt_cache_size=prompt_cache_size,
+                           prompt_cache_bytes=parse_size(prompt_cache_bytes, "--prompt-cache-bytes"))
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
 

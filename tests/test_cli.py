@@ -323,10 +323,27 @@ def test_chat_takes_a_system_prompt(monkeypatch):
         (["generate", "hi", "--temp", "nan"], "temperature must be a finite number >= 0, got nan"),
         (["serve", "--port", "99999"], r"--port must be in 0\.\.65535"),
         (["serve", "--port", "-1"], r"--port must be in 0\.\.65535"),
+        (["serve", "--prompt-cache-size", "0"], r"--prompt-cache-size must be >= 1, got 0"),
+        (["serve", "--prompt-cache-bytes", "lots"], r"--prompt-cache-bytes takes a size such as 2G"),
+        (["serve", "--prompt-cache-bytes", "-5M"], r"--prompt-cache-bytes must be >= 0"),
     ],
 )
 def test_inputs_that_once_decoded_or_crashed_are_one_line_errors(args, pattern):
     one_line_error(invoke(*args), pattern)
+
+
+def test_sizes_read_as_mlx_lms_and_the_serve_defaults_agree():
+    import typer
+
+    from mlxspec import cli
+    from mlxspec.flags import parse_size
+    from mlxspec.serve import ServeOptions
+
+    assert [parse_size(t, "--x") for t in ("2G", "512mb", "1.5G", "1000", " 3K ")] == \
+        [2 * 10**9, 512 * 10**6, 1_500_000_000, 1000, 3000]
+    flags = {p.name: p.default for p in typer.main.get_command(cli.app).commands["serve"].params}
+    assert flags["prompt_cache_size"] == ServeOptions().prompt_cache_size
+    assert parse_size(flags["prompt_cache_bytes"], "--x") == ServeOptions().prompt_cache_bytes
 
 
 def test_an_empty_prompt_file_is_an_error(tmp_path):

@@ -856,7 +856,7 @@ def test_model_source_keeps_the_cache_across_turns_with_a_system_prompt(lm):
     for follow_up in ("And another one?", None):
         got = [t.id for e in src.events(messages, settings) if isinstance(e, Step) for t in e.tokens if t.emitted]
         ids = encode_prompt(tok, system + messages)
-        assert src.kept.tokens[: len(ids)] == ids  # the whole turn is in the kept cache
+        assert src.kept.entries[-1].tokens[: len(ids)] == ids  # the whole turn is in the kept cache
         fresh = [t.id for e in generate(lm.model, ids, SamplingParams(), 6, set(tok.eos_token_ids),
                                         lm.context_length, 0, make_drafter("ngram:3", lm), 3)
                  if isinstance(e, Step) for t in e.tokens if t.emitted]

@@ -13,6 +13,10 @@ from mlxspec.errors import MlxspecError
 from mlxspec.session import SessionOptions
 
 MAX_STOPS = 4  # as OpenAI's API
+# Conversations kept between requests, and the memory they may hold: mlx-lm's server keeps 10;
+# 2 GB holds 10 conversations of 4k tokens of the default model's float32 cache (46 kB a token).
+PROMPT_CACHE_SIZE = 10
+PROMPT_CACHE_BYTES = 2 * 10**9
 CHAT, TEXT = "chat", "text"  # the two generation endpoints
 
 
@@ -32,10 +36,13 @@ class ServeOptions:
     port: int = 8080
     tree: Any = None  # a ``TreeShape`` (--tree): every request drafts trees of it
     backend: str = "mlx"  # or "torch[:DEVICE]" (--backend, --device)
+    prompt_cache_size: int = PROMPT_CACHE_SIZE  # conversations kept (--prompt-cache-size)
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES  # their memory at most (--prompt-cache-bytes)
 
     @property
     def session(self) -> SessionOptions:
-        return SessionOptions(self.model, self.dtype, self.backend, self.draft, self.k, self.tree, self.remeasure_cost)
+        return SessionOptions(self.model, self.dtype, self.backend, self.draft, self.k, self.tree, self.remeasure_cost,
+                              self.prompt_cache_size, self.prompt_cache_bytes)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
 from mlxspec import runtime
-from mlxspec.core.cache import PromptCache
 from mlxspec.core.drafters import MAX_K
 from mlxspec.core.events import Event
+from mlxspec.core.prompt_cache import PromptCache
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.measure.runs import collect_run
 from mlxspec.session import Session, StepText
