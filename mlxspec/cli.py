@@ -77,8 +77,12 @@ def generate(
     session = Session.open(SessionOptions(model, dtype, backend_spec(backend, device), named_draft(draft, model), k,
                                           shape, remeasure_cost))
     reply = ReplyPrinter(session, "auto" if k is None else k, as_json)
-    for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw):
-        reply.add(ev)
+    try:
+        for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw):
+            reply.add(ev)
+    except KeyboardInterrupt:  # Ctrl-C: what was decoded stays printed, marked as cut short
+        reply.interrupted()
+        raise typer.Exit(130) from None  # the shell's status for a command stopped by SIGINT
 
 
 @models_app.command("list")

@@ -106,6 +106,36 @@ def test_generate_json_stream():
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("as_json", [True, False])
+def test_generate_interrupted_says_so_instead_of_finishing(monkeypatch, as_json):
+    """Ctrl-C mid-reply: what was decoded stays printed, the end says "interrupted" (never a
+    stop reason of a finished reply), exit status 130, no traceback."""
+    from mlxspec.core.events import Step
+    from mlxspec.session import Session
+
+    real = Session.stream
+
+    def interrupted_after_three_steps(self, *a, **kw):
+        steps = 0
+        for ev in real(self, *a, **kw):
+            yield ev
+            steps += isinstance(ev, Step)
+            if steps == 3:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "stream", interrupted_after_three_steps)
+    r = invoke("generate", "Why is the sky blue?", "-n", "40", "--draft", "none", *(["--json"] if as_json else []))
+    assert r.exit_code == 130 and "Traceback" not in r.output, r.output
+    if as_json:
+        rows = [json.loads(line) for line in r.stdout.splitlines()]
+        summary = rows[-1]["summary"]
+        assert summary["stop_reason"] == "interrupted" and summary["generated_tokens"] == 3
+        assert [t["status"] for t in rows[:-1]] == ["plain"] * 3
+    else:
+        assert "interrupted after 3 generated tokens" in r.stderr and "stop:" not in r.stderr
+
+
+@pytest.mark.model
 def test_generate_decodes_target_only_by_default_and_the_shipped_draft_on_request():
     r = invoke("generate", "What is the capital of France?", "--json", "-n", "20")
     assert r.exit_code == 0, r.output
