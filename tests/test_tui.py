@@ -582,10 +582,11 @@ def test_chain_run_shows_no_tree_panel():
             await turn_done(pilot, app)
             assert panel.step is None and "Last step's tree" not in screen_text(app)
             assert "K              4" in screen_text(app) and "Accepted by draft position" in screen_text(app)
-            await pilot.press("ctrl+g")
+            await pilot.press("ctrl+g")  # trees on for the next turn: the panel says what will come
             await pilot.pause()
             assert panel.display and panel.step is None
-            assert panel.note.startswith("No tree: this turn drafts a chain.") and "No tree: this" in screen_text(app)
+            assert panel.note == "No tree yet: each step drafts a 3x2 tree of up to 8 nodes." and \
+                "No tree yet" in screen_text(app)
 
     run(go())
 
@@ -881,5 +882,80 @@ def test_the_loading_line_goes_once_the_model_is_ready():
             await pilot.pause()
             text = screen_text(app)
             assert "Ready:" in text and "Loading" not in text
+
+    run(go())
+
+
+# ----------------------------------------------------------------------------- keys and the panel's truth
+PLAIN_SCRIPT = [(0.5, 100.0, [(w, Status.PLAIN)]) for w in ("The", " sky", " is", " blue", ".")]
+
+
+def panel_rows(app: ChatApp) -> dict[str, str]:
+    """The side panel's "name   value" rows (its right-hand column of the screen)."""
+    rows = {}
+    for line in screen_lines(app):
+        cell = line.rpartition("▏")[2].strip()
+        name, _, value = cell.partition("  ")
+        if value.strip():
+            rows.setdefault(name.strip(), value.strip())
+    return rows
+
+
+def test_a_turn_that_drafted_nothing_shows_no_acceptance_or_speedup():
+    """--k auto may draft nothing in a whole turn: the panel says "–" for what it cannot know
+    (the server reports acceptance null), never 0% or a speedup measured on no drafts."""
+    async def go():
+        app, _ = fake_app(script=PLAIN_SCRIPT, settings=Settings(draft="ngram:3", k="auto"))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            rows = panel_rows(app)
+            assert rows["acceptance"] == "–" and rows["accepted/step"] == "–"
+            assert rows["speedup"] == "– (nothing drafted)"
+            assert "%" not in rows["acceptance"] and "x" not in rows["speedup"]
+
+    run(go())
+
+
+def test_ctrl_k_from_auto_steps_from_the_k_auto_was_using():
+    async def go():
+        app, _ = fake_app(settings=Settings(draft="ngram:3", k="auto"))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            used = round(app.stats.mean_k())
+            assert used != 4  # the script's mean K, so the old jump (last fixed K + 1 = 5) would differ
+            await pilot.press("ctrl+k")
+            assert app.settings.k == used + 1
+            await pilot.press("ctrl+o")  # back to auto, then down from what it used
+            assert app.settings.k == "auto"
+            await pilot.press("ctrl+j")
+            assert app.settings.k == max(1, used - 1)
+
+    run(go())
+
+
+def test_ctrl_g_turns_trees_on_and_off():
+    async def go():
+        app, src = fake_app(script=TREE_SCRIPT, settings=Settings(draft="ngram:3", k=4))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            assert app.settings.tree is None and not app.show_tree
+            await pilot.press("ctrl+g")  # on: the default shape, the panel showing it
+            assert (str(app.settings.tree), app.settings.tree.nodes) == ("3x2", 8) and app.show_tree
+            assert "tree=3x2" in app.sub_title and "3x2 (8 nodes)" in panel_rows(app)["tree"]
+            await pilot.press("ctrl+k")  # a deeper tree, remembered when trees go off and on again
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            assert str(src.requests[-1][1].tree) == "4x2"
+            await pilot.press("ctrl+g")
+            assert app.settings.tree is None and not app.show_tree and panel_rows(app)["K"] == "4"
+            await pilot.press("ctrl+g")
+            assert str(app.settings.tree) == "4x2" and app.show_tree
+            await pilot.press("ctrl+g", "ctrl+s")  # speculation off: no drafter to grow a tree
+            await pilot.press("ctrl+g")
+            assert app.settings.tree is None and not app.show_tree
 
     run(go())

@@ -62,6 +62,7 @@ from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, TreePanel, 
 # step it competes with decoding, batched it does not (BENCHMARKS.md, chat drawing overhead).
 RENDER_DELAY = 0.1
 STATS_INTERVAL = 0.5  # seconds between side-panel redraws while generating (each costs ~7 ms)
+DEFAULT_TREE = parse_tree("3x2", 8)  # what ^g first turns on: `mlxspec study`'s shape (the paper's)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self._show_pending = False  # a _show_steps is on its way (timer or call_later)
         self.render_delay = RENDER_DELAY
         self._fixed_k = settings.k if isinstance(settings.k, int) else 4  # what ^o returns to from auto
+        self._tree = settings.tree or DEFAULT_TREE  # what ^g turns on: the last tree drafted, else 3x2
         self.worker_thread_id: int | None = None  # the OS thread that owns the models
 
     # ------------------------------------------------------------------ layout
@@ -302,13 +304,19 @@ class ChatApp(App[None], inherit_bindings=False):
         self._refresh_stats()
 
     def action_change_k(self, delta: int) -> None:
-        """K+/K-; from auto, a fixed K next to the last fixed one; with a tree, its depth."""
+        """K+/K-; with a tree, its depth. From auto, one more or less than the K auto was
+        using (the last turn's mean, as the panel's "K in use" shows it; the last fixed K
+        before any turn), not the last fixed K plus one, which jumped from auto to 5."""
         if self.settings.tree is not None:
             self._change_depth(delta)
             return
         k = self.settings.k
-        base = self._fixed_k if k == AUTO else k
+        base = k if k != AUTO else self._auto_k_in_use()
         self.settings = replace(self.settings, k=max(K_MIN, min(K_MAX, base + delta)))
+
+    def _auto_k_in_use(self) -> int:
+        mean = self.stats.mean_k() if self.stats is not None and not self.stats.tree else None
+        return self._fixed_k if mean is None else round(mean)
 
     def _change_depth(self, delta: int) -> None:
         """The tree one level deeper or shallower: same branching, same node cap (if any)."""
@@ -353,7 +361,21 @@ class ChatApp(App[None], inherit_bindings=False):
         self.show_rejected = not self.show_rejected
 
     def action_toggle_tree(self) -> None:
-        self.show_tree = not self.show_tree
+        """Trees on (the last tree shape drafted, else 3x2 capped at 8 nodes, with the panel
+        showing it) or off (chains of K again, the panel hidden)."""
+        s = self.settings
+        if s.tree is not None:
+            self._tree = s.tree
+            self.settings = replace(s, tree=None)
+        elif s.drafter == "none":
+            self.notify("A tree needs a drafter: pick one with ^d (or ^s) first.", severity="warning")
+            return
+        else:
+            self.settings = replace(s, tree=self._tree)
+            panel = self.query_one(TreePanel)
+            if panel.step is None:
+                panel.show_note(self._tree_note(self.settings, before=True))
+        self.show_tree = self.settings.tree is not None
 
     def action_stop(self) -> None:
         if self.running is not None:
@@ -392,8 +414,7 @@ class ChatApp(App[None], inherit_bindings=False):
         if settings.drafter == "none":
             return "No tree: this turn decodes with the target alone."
         if settings.tree is None:
-            return ("No tree: this turn drafts a chain. Start the chat with --tree DxB (e.g. --tree 3x2) "
-                    "to draft trees.")
+            return "No tree: this turn drafts a chain. ^g drafts trees (or start the chat with --tree DxB)."
         shape = "an auto" if settings.tree.auto else f"a {settings.tree}"
         return ("No tree yet: " if before else "Waiting for the first step: ") + \
             f"each step drafts {shape} tree of up to {settings.tree.nodes} nodes."
