@@ -126,8 +126,10 @@ def chat(
     k: Optional[str] = KOpt,
     tree: Optional[str] = TreeOpt,
     tree_nodes: Optional[int] = TreeNodesOpt,
-    temp: float = TempOpt,
-    top_p: float = TopPOpt,
+    temp: Optional[float] = typer.Option(None, "--temp", "-t", show_default=False, help="Sampling temperature; 0 is greedy. Default, as for --top-p, --top-k and --min-p: the model's recommended setting (the registry's, or its generation_config.json), else greedy; the chat says which when it is ready."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", show_default=False, help="Nucleus sampling mass in (0, 1]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", show_default=False, help="Keep the k most likely tokens (0 = off)."),
+    min_p: Optional[float] = typer.Option(None, "--min-p", show_default=False, help="Drop tokens below min-p x the top probability."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
@@ -137,13 +139,14 @@ def chat(
 ) -> None:
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
     correction, bonus, plain), with acceptance statistics and speed beside them; with --tree,
-    the last step's draft tree beside the text (^g shows or hides it)."""
+    the last step's draft tree beside the text (^g turns trees on and off). Sampling starts at
+    the model's recommended settings (the default model loops on everyday questions at T=0)."""
     from mlxspec.tui.chat.app import run_chat  # textual: only when the chat starts
 
     shape = tree_option(tree, tree_nodes, k, draft)
     k = k_option(k, draft)
     run_chat(model, named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
-             backend=backend_spec(backend, device), **({"tree": shape} if shape else {}),
+             backend=backend_spec(backend, device), top_k=top_k, min_p=min_p, **({"tree": shape} if shape else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 

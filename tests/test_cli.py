@@ -286,7 +286,7 @@ def test_chat_takes_model_and_draft_like_generate(monkeypatch):
     monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(a))
     r = invoke("chat", "-m", "some.gguf", "-d", "ngram:2", "-k", "3")
     assert r.exit_code == 0, r.output
-    assert calls == [("some.gguf", "ngram:2", 3, 0.0, 1.0, 512, "auto")]
+    assert calls == [("some.gguf", "ngram:2", 3, None, None, 512, "auto")]  # sampling: the model's recommended
 
 
 @pytest.mark.parametrize("cmd", ["bench", "sweep", "verify", "eval-draft"])
@@ -316,7 +316,7 @@ def test_mlx_lm_spellings_are_aliases(monkeypatch):
     monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(a))
     r = invoke("chat", "--model", "some.gguf", "--draft-model", "ngram:2", "--num-draft-tokens", "3")
     assert r.exit_code == 0, r.output
-    assert calls == [("some.gguf", "ngram:2", 3, 0.0, 1.0, 512, "auto")]
+    assert calls == [("some.gguf", "ngram:2", 3, None, None, 512, "auto")]  # sampling: the model's recommended
 
 
 def test_prompt_option_and_system_prompt(monkeypatch):

@@ -16,6 +16,7 @@ from rich.text import Text
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.events import Status, Step, Token
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.tui.chat.app import ChatApp
 from mlxspec.tui.chat.fake import SCRIPT, TREE_SCRIPT, FakeSource
 from mlxspec.tui.chat.messages import Piece, StepData, TurnResult
@@ -74,12 +75,15 @@ def screen_text(app: ChatApp) -> str:
 
 
 SCRIPT_PIECES = [Piece(text, status) for _, _, pieces in SCRIPT for text, status in pieces]
+CHAT_DEFAULT = SamplingParams(0.2, 0.9)  # the chat's sampling for the default model (registry: chat_sampling)
+CHAT_DEFAULT_LABEL = "T=0.2 top-p=0.9"
 
 
 def fake_app(**kw) -> tuple[ChatApp, FakeSource]:
     settings = kw.pop("settings", Settings(draft="ngram:3"))
+    note = kw.pop("sampling_note", "")
     src = FakeSource(**kw)
-    return ChatApp(src, settings, clock=src.clock), src
+    return ChatApp(src, settings, clock=src.clock, sampling_note=note), src
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -408,10 +412,39 @@ def test_python_m_tui_takes_the_cli_option_names(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(entry, "run_chat", lambda *a: calls.append(a))
     assert entry.main(["-m", "some.gguf", "-d", "ngram:2", "-k", "3", "-t", "0.5", "-n", "9"]) == 0
-    assert calls == [("some.gguf", "ngram:2", 3, 0.5, 1.0, 9, "auto")]
+    assert calls == [("some.gguf", "ngram:2", 3, 0.5, None, 9, "auto")]  # top-p: the model's recommended
     monkeypatch.undo()  # the real run_chat refuses bad options before the UI starts
     assert entry.main(["--k", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: --k must be in 1..64, got 0"]
+
+
+def test_the_chats_defaults_are_the_models_recommended_settings(monkeypatch):
+    """At T=0 the default model loops on everyday questions (issue 25, item 7): the chat starts
+    at the settings chosen for it (``benchmarks/notes/2026-12-01-chat-defaults.md``), says so
+    when ready, and a setting given on the command line wins over its default."""
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.tui.chat import app as chat_app
+
+    made = []
+    monkeypatch.setattr(chat_app.ChatApp, "run", lambda self: made.append(self))
+    monkeypatch.setattr(chat_app.ChatApp, "wait_for_worker_exit", lambda self: None)
+    chat_app.run_chat(draft="none")
+    assert made[-1].settings.params == SamplingParams(0.2, 0.9) == CHAT_DEFAULT
+    assert made[-1].sampling_note.startswith(f"Sampling {CHAT_DEFAULT_LABEL} (the model's recommended: ")
+    chat_app.run_chat(draft="none", temp=0.0)
+    assert made[-1].settings.params == SamplingParams(0.0, 0.9)
+    assert "(the rest the model's recommended" in made[-1].sampling_note
+
+    async def go():  # and the Ready line and the panel show them
+        app, _ = fake_app(settings=made[0].settings, sampling_note=made[0].sampling_note)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await pilot.pause()
+            left = " ".join(" ".join(line.partition("▏")[0] for line in screen_lines(app)).split())
+            assert "Sampling T=0.2 top-p=0.9 (the model's recommended" in left
+            assert panel_rows(app)["temperature"] == "0.2  top-p 0.9"
+
+    run(go())
 
 
 # ----------------------------------------------------------------------------- tree speculation
@@ -633,7 +666,7 @@ def test_run_chat_takes_a_tree_and_refuses_it_without_a_drafter(monkeypatch):
     chat_app.run_chat(draft="ngram:3", tree=parse_tree("3x2", 8))
     (app,) = made
     assert str(app.settings.tree) == "3x2" and app.show_tree and not app.source.auto_k
-    assert app.settings.label == "ngram:3 tree=3x2 · T=0"
+    assert app.settings.label == "ngram:3 tree=3x2 · " + CHAT_DEFAULT_LABEL
 
 
 @pytest.mark.parametrize("args, message", [

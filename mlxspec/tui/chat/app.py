@@ -24,6 +24,7 @@ from textual.widgets import Footer, Header, Input
 from textual.worker import get_current_worker
 
 from mlxspec.core.events import Done, Step
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import MAX_TREE_NODES, TreeShape, full_size, parse_tree
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.runs import RunCollector
@@ -104,7 +105,8 @@ class ChatApp(App[None], inherit_bindings=False):
 
     def __init__(self, source: Source, settings: Settings = Settings(), *,
                  drafters: Sequence[str] = DRAFTERS, temperatures: Sequence[float] = TEMPERATURES,
-                 clock: Callable[[], float] = time.perf_counter, loading_label: str = "the model") -> None:
+                 clock: Callable[[], float] = time.perf_counter, loading_label: str = "the model",
+                 sampling_note: str = "") -> None:
         super().__init__()
         self.source, self.clock = source, clock
         self.drafters = list(drafters) + ([settings.draft] if settings.draft not in drafters else [])
@@ -112,6 +114,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self.set_reactive(ChatApp.settings, settings)
         self.set_reactive(ChatApp.show_tree, settings.tree is not None)  # the tree panel: on with --tree
         self.loading_label = loading_label
+        self.sampling_note = sampling_note  # said once the model is ready: the sampling and its source
         self.info: ModelInfo | None = None
         self.baseline = Baseline()
         self.history: list[dict[str, str]] = []
@@ -208,7 +211,8 @@ class ChatApp(App[None], inherit_bindings=False):
         self._update_header()
         self.loading_note.remove()  # loaded: the Ready line says so, and what with
         self.transcript.add_note(f"Ready: {info.target} ({info.dtype}, context {info.context_length}) "
-                                 f"on {info.backend}. Type a question and press Enter.")
+                                 f"on {info.backend}. Type a question and press Enter."
+                                 + (f" {self.sampling_note}" if self.sampling_note else ""))
         self._refresh_stats()
 
     def on_model_failed(self, message: ModelFailed) -> None:
@@ -447,6 +451,24 @@ class ChatApp(App[None], inherit_bindings=False):
         self.query_one(StatsPanel).show(self.stats, self.settings, self.baseline, self.running is not None)
 
 
+def chat_sampling(target: str, temp: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                  min_p: float | None = None) -> tuple[SamplingParams, str]:
+    """The chat's sampling: each setting given on the command line, the others the model's
+    recommended ones (``targets.sampling_defaults``: at T=0 the small default model loops on
+    everyday questions); checked, with a line saying what they are and where they come from."""
+    from mlxspec.targets.sampling_defaults import sampling_defaults
+
+    d = sampling_defaults(target)
+    given = [x is not None for x in (temp, top_p, top_k, min_p)]
+    params = SamplingParams(d.temperature if temp is None else temp, d.top_p if top_p is None else top_p,
+                            d.top_k if top_k is None else top_k, d.min_p if min_p is None else min_p)
+    shown = Settings(temp=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p)
+    where = ("as given" if all(given) else f"the model's recommended: {d.source}" if not any(given)
+             else f"the rest the model's recommended: {d.source}")
+    label = f"T={params.temperature:g}" + "".join(f" {n}={v:g}" for n, v in shown.filters)
+    return params, f"Sampling {label} ({where})."
+
+
 def shipped_drafts(target: str) -> tuple[str, ...]:
     """The registry's drafts for ``target`` (none for a target it does not know), for ^d."""
     try:
@@ -456,18 +478,19 @@ def shipped_drafts(target: str) -> tuple[str, ...]:
     return tuple(d["name"] for d in store.drafts() if d["target"] == name and d["present"])
 
 
-def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float = 0.0,
-             top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False,
-             system: str | None = None, backend: str = "mlx", tree: TreeShape | None = None) -> None:
+def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float | None = None,
+             top_p: float | None = None, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False,
+             system: str | None = None, backend: str = "mlx", tree: TreeShape | None = None,
+             top_k: int | None = None, min_p: float | None = None) -> None:
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
     starts; a model that fails to load is reported inside the UI. ``tree``: draft trees of that
-    shape (``--tree``, checked by the CLI) instead of chains of K; it needs a drafter."""
+    shape (``--tree``, checked by the CLI) instead of chains of K; it needs a drafter. Sampling
+    settings not given are the model's recommended ones (``chat_sampling``)."""
     from mlxspec.core.autok import parse_k_option
-    from mlxspec.core.sampling import SamplingParams
     from mlxspec.runtime import DTYPES
 
     k = parse_k_option(k)
-    SamplingParams(temp, top_p)
+    sampling, note = chat_sampling(target, temp, top_p, top_k, min_p)
     if dtype not in DTYPES:
         raise MlxspecError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if max_tokens <= 0:
@@ -476,14 +499,15 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
         raise MlxspecError("--tree needs a drafter, but --draft is none (try --draft self:8)")
     if tree is not None and k == AUTO:
         k = 4  # unused while the tree is on; nothing to measure for it
-    settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=temp,
-                        top_p=top_p, max_tokens=max_tokens, system=system, tree=tree)
+    settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=sampling.temperature,
+                        top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p, max_tokens=max_tokens,
+                        system=system, tree=tree)
     if backend != "mlx":  # refuse a missing torch or device before the UI starts
         from mlxspec.torchpath import pick_device, split_backend
 
         pick_device(split_backend(backend))
     source = ModelSource(target, dtype, auto_k=k == AUTO, remeasure_cost=remeasure_cost, backend=backend)
     app = ChatApp(source, settings, drafters=DRAFTERS + shipped_drafts(target),
-                  loading_label=f"model {target!r}")
+                  loading_label=f"model {target!r}", sampling_note=note)
     app.run()
     app.wait_for_worker_exit()
