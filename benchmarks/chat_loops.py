@@ -1,7 +1,7 @@
 """How often the default model loops on 20 everyday questions at each candidate sampling setting
 (``mlxspec.measure.loops``): the measurement behind the chat's defaults.
 
-    .venv/bin/python benchmarks/chat_loops.py [--max-tokens 128] [--seed 0] [--show]
+    .venv/bin/python benchmarks/chat_loops.py [--max-tokens 128] [--seed 0] [--show] [--only 0,2]
 
 Prints one markdown row per setting, out of 20: replies that loop (repeat a run of 8 tokens 3+
 times and run to --max-tokens), that repeat, that ran to --max-tokens; mean reply length;
@@ -36,13 +36,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", action="store_true")
+    ap.add_argument("--only", default=None, help="the candidates to run, by index into CANDIDATES (e.g. 5,4)")
     a = ap.parse_args()
+    picked = CANDIDATES if a.only is None else [CANDIDATES[int(i)] for i in a.only.split(",")]
     from mlxspec.targets import loading
 
     session = Session(loading.load("default"), "none", log=None)
     print("| T | top-p | top-k | min-p | loops /20 | repeats | ran to max | mean tokens | s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for t, p, k, m in CANDIDATES:
+    for t, p, k, m in picked:
         t0 = time.perf_counter()
         r = measure_loops(session, SamplingParams(t, p, k, m), a.max_tokens, a.seed)
         print(f"| {t:g} | {p:g} | {k} | {m:g} | {r.looped} | {r.repeated} | {r.at_limit} | {r.mean_tokens:.0f} | "

@@ -21,6 +21,7 @@ from mlxspec.targets.costcurve import stderr_line
 Log = Callable[[str], None]
 
 _END = object()  # a job's last item
+ALIVE_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 
 
 def shutting_down() -> ApiError:
@@ -29,7 +30,6 @@ def shutting_down() -> ApiError:
     "length"). In a stream it is the last event, as OpenAI's API reports a failure mid-stream
     (the official client raises on it); otherwise a 503."""
     return ApiError(503, "the server is shutting down; the reply was cut short", "server_shutdown", "server_error")
-ALIVE_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 
 
 @dataclass
