@@ -21,7 +21,8 @@ from mlxspec.errors import MlxspecError
 from mlxspec.flags import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, FrequencyOpt, KFixedOpt, KOpt, LogitBiasOpt,
                            MinPOpt, ModelOpt, PresenceOpt, RemeasureOpt, RepetitionContextOpt, RepetitionOpt, SystemOpt,
                            TempOpt, TopKOpt, TopPOpt, TreeNodesOpt, TreeOpt, check_max_tokens, checked_draft, k_option,
-                           measured_target, named_draft, read_prompt, sampling_params, tree_option, with_system)
+                           measured_target, named_draft, parse_size, read_prompt, sampling_params, tree_option,
+                           with_system)
 from mlxspec.targets import store
 from mlxspec.terminal import check_out_folder, err, friendly, print_json, progress_bar, write_json
 from mlxspec.torchpath import backend_spec
@@ -90,8 +91,12 @@ def generate(
     session = Session.open(SessionOptions(model, dtype, backend_spec(backend, device), named_draft(draft, model), k,
                                           shape, remeasure_cost))
     reply = ReplyPrinter(session, "auto" if k is None else k, as_json)
-    for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw, logprobs=logprobs):
-        reply.add(ev)
+    try:
+        for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw, logprobs=logprobs):
+            reply.add(ev)
+    except KeyboardInterrupt:  # Ctrl-C: what was decoded stays printed, marked as cut short
+        reply.interrupted()
+        raise typer.Exit(130) from None  # the shell's status for a command stopped by SIGINT
 
 
 @models_app.command("list")
@@ -135,10 +140,10 @@ def chat(
     k: Optional[str] = KOpt,
     tree: Optional[str] = TreeOpt,
     tree_nodes: Optional[int] = TreeNodesOpt,
-    temp: float = TempOpt,
-    top_p: float = TopPOpt,
-    top_k: int = TopKOpt,
-    min_p: float = MinPOpt,
+    temp: Optional[float] = typer.Option(None, "--temp", "-t", show_default=False, help="Sampling temperature; 0 is greedy. Default, as for --top-p, --top-k and --min-p: the model's recommended setting (the registry's, or its generation_config.json), else greedy; the chat says which when it is ready."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", show_default=False, help="Nucleus sampling mass in (0, 1]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", show_default=False, help="Keep the k most likely tokens (0 = off)."),
+    min_p: Optional[float] = typer.Option(None, "--min-p", show_default=False, help="Drop tokens below min-p x the top probability."),
     repetition_penalty: float = RepetitionOpt,
     repetition_context_size: int = RepetitionContextOpt,
     presence_penalty: float = PresenceOpt,
@@ -153,16 +158,18 @@ def chat(
 ) -> None:
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
     correction, bonus, plain), with acceptance statistics and speed beside them; with --tree,
-    the last step's draft tree beside the text (^g shows or hides it)."""
+    the last step's draft tree beside the text (^g turns trees on and off). Sampling starts at
+    the model's recommended settings (the default model loops on everyday questions at T=0)."""
     from mlxspec.tui.chat.app import run_chat  # textual: only when the chat starts
 
     shape = tree_option(tree, tree_nodes, k, draft)
     k = k_option(k, draft)
-    params = sampling_params(temp, top_p, top_k, min_p, repetition_penalty, repetition_context_size, presence_penalty,
+    # the penalties and logit bias, checked now; temperature and the filters default to the model's own
+    params = sampling_params(0.0, 1.0, 0, 0.0, repetition_penalty, repetition_context_size, presence_penalty,
                              frequency_penalty, logit_bias)
     run_chat(model, named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
-             backend=backend_spec(backend, device), **({"tree": shape} if shape else {}),
-             **({"sampling": params} if params != sampling_params(temp, top_p) else {}),
+             backend=backend_spec(backend, device), top_k=top_k, min_p=min_p, **({"tree": shape} if shape else {}),
+             **({"sampling": params} if params.processes else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 
@@ -532,6 +539,8 @@ def serve(
     tree_nodes: Optional[int] = TreeNodesOpt,
     backend: str = BackendOpt,
     device: Optional[str] = DeviceOpt,
+    prompt_cache_size: int = typer.Option(10, "--prompt-cache-size", help="Conversations whose caches are kept between requests, least recently used dropped first (clients taking turns each find theirs)."),
+    prompt_cache_bytes: str = typer.Option("2G", "--prompt-cache-bytes", help="Memory those caches may hold at most: bytes, or with M or G (decimal units)."),
 ) -> None:
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
     /v1/completions, streaming too) over the same engine and drafters as generate; requests are
@@ -542,9 +551,13 @@ def serve(
     check_max_tokens(max_tokens)
     if not 0 <= port <= 65535:
         raise MlxspecError(f"--port must be in 0..65535 (0: any free port), got {port}")
+    if prompt_cache_size < 1:
+        raise MlxspecError(f"--prompt-cache-size must be >= 1, got {prompt_cache_size}")
     shape = tree_option(tree, tree_nodes, k, draft)
     options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), temp, top_p, max_tokens, dtype,
-                           remeasure_cost, host, port, shape, backend_spec(backend, device), top_k, min_p)
+                           remeasure_cost, host, port, shape, backend_spec(backend, device), top_k, min_p,
+                           prompt_cache_size=prompt_cache_size,
+                           prompt_cache_bytes=parse_size(prompt_cache_bytes, "--prompt-cache-bytes"))
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
 

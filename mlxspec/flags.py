@@ -97,6 +97,21 @@ def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
         except ValueError:
             raise MlxspecError(f"bad --logit-bias {item!r}: expected ID=BIAS, e.g. 1234=-5") from None
     return tuple(out)
+SIZE_UNITS = {"": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9}  # mlx-lm's, and K
+
+
+def parse_size(text: str, flag: str) -> int:
+    """Bytes from ``2G``, ``512MB``, ``1.5G`` or a plain number (decimal units, as mlx-lm's
+    ``--prompt-cache-bytes``)."""
+    t = text.strip().upper()
+    digits = t.rstrip("KMGB")
+    try:
+        value = float(digits) * SIZE_UNITS[t[len(digits):]]
+    except (ValueError, KeyError):
+        raise MlxspecError(f"{flag} takes a size such as 2G, 512M or 1000000, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise MlxspecError(f"{flag} must be >= 0, got {text!r}")
+    return int(value)
 
 
 def check_max_tokens(max_tokens: int) -> None:

@@ -75,6 +75,26 @@ class ReplyPrinter:
         self.out.flush()
         err.print(f"[dim]{self.stats_line(run)}[/]")
 
+    def interrupted(self) -> None:
+        """The reply was stopped before the engine's ``Done`` (Ctrl-C): print what the
+        detokenizer held, then say so. ``--json`` ends with a summary whose ``stop_reason`` is
+        "interrupted" and whose timings are null, so it never reads as a finished reply."""
+        tail, c = self.text.finish(), self.collector
+        if self.as_json:
+            if tail:
+                self.write({"token": None, "text": tail, "status": "flush"})
+            self.write({"summary": {"prompt_tokens": None, "generated_tokens": len(c.tokens), "prefill_s": None,
+                                    "decode_s": None, "stop_reason": "interrupted", "steps": len(c.accepted),
+                                    "accepted_lengths": list(c.accepted) if self.drafter else [],
+                                    "prefill_tps": None, "decode_tps": None},
+                        "model": self.lm.name, "dtype": self.lm.dtype,
+                        "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0})
+            self.out.flush()
+            return
+        self.out.write(tail + "\n")
+        self.out.flush()
+        err.print(f"[dim]interrupted after {len(c.tokens)} generated tokens[/]")
+
     def stats_line(self, run: Run) -> str:
         """The line on stderr after a text reply: prefill and decode speed, and with a drafter
         the steps and tokens accepted per step."""

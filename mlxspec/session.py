@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxspec.core.autok import DEFAULT_MAX_K, k_policy
-from mlxspec.core.cache import PromptCache
 from mlxspec.core.drafters import Drafter, KPolicy, can_branch
 from mlxspec.core.engine import generate
 from mlxspec.core.events import Event, Status, Step, Token
+from mlxspec.core.prompt_cache import UNLIMITED, PromptCache
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import TreeShape
 from mlxspec.cpuload import CpuMeter
@@ -38,19 +38,25 @@ class SessionOptions:
     k: int | str | None = None  # None: auto with a drafter
     tree: TreeShape | None = None
     remeasure_cost: bool = False
+    # kept caches (``serve --prompt-cache-size/-bytes``): one conversation for a chat, several
+    # for a server whose clients take turns
+    prompt_cache_entries: int = 1
+    prompt_cache_bytes: int = UNLIMITED
 
 
 class Session:
     """``lm`` decoding with ``draft`` (a spec such as ``ngram:3``, a ``Drafter``, or None) at ``k``
     (an int, ``"auto"``, a ``KPolicy``, or None: auto with a drafter) or along ``tree``.
     ``use`` switches the drafting; drafters and their ``AutoK`` are made once per spec, so a
-    policy keeps learning across turns. ``log`` reports measuring the verify-cost curve."""
+    policy keeps learning across turns. ``log`` reports measuring the verify-cost curve.
+    ``kept``: the caches kept between calls (default: the last one only)."""
 
     def __init__(self, lm: Any, draft: str | Drafter | None = "none", k: Any = None, tree: TreeShape | None = None,
                  *, dtype: str = "auto", remeasure_cost: bool = False,
-                 log: Callable[[str], None] | None = stderr_line):
+                 log: Callable[[str], None] | None = stderr_line, kept: PromptCache | None = None):
         self.lm, self.dtype, self.log = lm, dtype, log
-        self.kept = PromptCache()  # the last turn's cache: a turn that continues it prefills only what is new
+        # earlier turns' caches: a turn that continues one prefills only what is new
+        self.kept = kept if kept is not None else PromptCache()
         self._remeasure = remeasure_cost
         self._curve: CostCurve | None = None  # the curve the policies were built on, once asked for
         self._drafters: dict[str, Drafter | None] = {}
@@ -63,7 +69,8 @@ class Session:
         """Load the target (unless ``loaded`` is given), then make the drafter and its policy."""
         lm = loaded if loaded is not None else loading.load(options.model, options.dtype, options.backend)
         return cls(lm, options.draft, options.k, options.tree, dtype=options.dtype,
-                   remeasure_cost=options.remeasure_cost, log=log)
+                   remeasure_cost=options.remeasure_cost, log=log,
+                   kept=PromptCache(options.prompt_cache_entries, options.prompt_cache_bytes))
 
     def use(self, draft: str | Drafter | None, k: Any = None, tree: TreeShape | None = None) -> Session:
         """Decode with ``draft`` at ``k``, or along ``tree`` (whose depth is its K), from now on."""
@@ -123,8 +130,8 @@ class Session:
                raw: bool = False, stop_ids: set[int] | None = None, keep: bool = False,
                node_stats: bool = False, logprobs: int | None = None) -> Iterator[Event]:
         """The engine's events for one reply. ``stop_ids``: default the target's EOS ids (an empty
-        set decodes exactly ``max_tokens``); ``keep``: reuse and leave the prompt cache kept
-        between turns; ``node_stats``: every tree node's statistics (``mlxspec study``);
+        set decodes exactly ``max_tokens``); ``keep``: reuse a kept cache and keep this call's
+        (``kept``); ``node_stats``: every tree node's statistics (``mlxspec study``);
         ``logprobs``: each emitted token's log-probability, with this many alternatives."""
         events = generate(self.lm.model, self.encode(prompt, raw), params, max_tokens,
                           self.stop_ids if stop_ids is None else stop_ids, self.lm.context_length, seed,

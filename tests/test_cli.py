@@ -106,6 +106,36 @@ def test_generate_json_stream():
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("as_json", [True, False])
+def test_generate_interrupted_says_so_instead_of_finishing(monkeypatch, as_json):
+    """Ctrl-C mid-reply: what was decoded stays printed, the end says "interrupted" (never a
+    stop reason of a finished reply), exit status 130, no traceback."""
+    from mlxspec.core.events import Step
+    from mlxspec.session import Session
+
+    real = Session.stream
+
+    def interrupted_after_three_steps(self, *a, **kw):
+        steps = 0
+        for ev in real(self, *a, **kw):
+            yield ev
+            steps += isinstance(ev, Step)
+            if steps == 3:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "stream", interrupted_after_three_steps)
+    r = invoke("generate", "Why is the sky blue?", "-n", "40", "--draft", "none", *(["--json"] if as_json else []))
+    assert r.exit_code == 130 and "Traceback" not in r.output, r.output
+    if as_json:
+        rows = [json.loads(line) for line in r.stdout.splitlines()]
+        summary = rows[-1]["summary"]
+        assert summary["stop_reason"] == "interrupted" and summary["generated_tokens"] == 3
+        assert [t["status"] for t in rows[:-1]] == ["plain"] * 3
+    else:
+        assert "interrupted after 3 generated tokens" in r.stderr and "stop:" not in r.stderr
+
+
+@pytest.mark.model
 def test_generate_drafts_by_prompt_lookup_by_default_and_the_shipped_draft_on_request():
     r = invoke("generate", "What is the capital of France?", "--json", "-n", "20")
     assert r.exit_code == 0, r.output
@@ -256,7 +286,7 @@ def test_chat_takes_model_and_draft_like_generate(monkeypatch):
     monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(a))
     r = invoke("chat", "-m", "some.gguf", "-d", "ngram:2", "-k", "3")
     assert r.exit_code == 0, r.output
-    assert calls == [("some.gguf", "ngram:2", 3, 0.0, 1.0, 512, "auto")]
+    assert calls == [("some.gguf", "ngram:2", 3, None, None, 512, "auto")]  # sampling: the model's recommended
 
 
 @pytest.mark.parametrize("cmd", ["bench", "sweep", "verify", "eval-draft"])
@@ -286,7 +316,7 @@ def test_mlx_lm_spellings_are_aliases(monkeypatch):
     monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(a))
     r = invoke("chat", "--model", "some.gguf", "--draft-model", "ngram:2", "--num-draft-tokens", "3")
     assert r.exit_code == 0, r.output
-    assert calls == [("some.gguf", "ngram:2", 3, 0.0, 1.0, 512, "auto")]
+    assert calls == [("some.gguf", "ngram:2", 3, None, None, 512, "auto")]  # sampling: the model's recommended
 
 
 def test_prompt_option_and_system_prompt(monkeypatch):
@@ -323,10 +353,27 @@ def test_chat_takes_a_system_prompt(monkeypatch):
         (["generate", "hi", "--temp", "nan"], "temperature must be a finite number >= 0, got nan"),
         (["serve", "--port", "99999"], r"--port must be in 0\.\.65535"),
         (["serve", "--port", "-1"], r"--port must be in 0\.\.65535"),
+        (["serve", "--prompt-cache-size", "0"], r"--prompt-cache-size must be >= 1, got 0"),
+        (["serve", "--prompt-cache-bytes", "lots"], r"--prompt-cache-bytes takes a size such as 2G"),
+        (["serve", "--prompt-cache-bytes", "-5M"], r"--prompt-cache-bytes must be >= 0"),
     ],
 )
 def test_inputs_that_once_decoded_or_crashed_are_one_line_errors(args, pattern):
     one_line_error(invoke(*args), pattern)
+
+
+def test_sizes_read_as_mlx_lms_and_the_serve_defaults_agree():
+    import typer
+
+    from mlxspec import cli
+    from mlxspec.flags import parse_size
+    from mlxspec.serve import ServeOptions
+
+    assert [parse_size(t, "--x") for t in ("2G", "512mb", "1.5G", "1000", " 3K ")] == \
+        [2 * 10**9, 512 * 10**6, 1_500_000_000, 1000, 3000]
+    flags = {p.name: p.default for p in typer.main.get_command(cli.app).commands["serve"].params}
+    assert flags["prompt_cache_size"] == ServeOptions().prompt_cache_size
+    assert parse_size(flags["prompt_cache_bytes"], "--x") == ServeOptions().prompt_cache_bytes
 
 
 def test_an_empty_prompt_file_is_an_error(tmp_path):

@@ -210,7 +210,7 @@ def test_recurrent_state_decodes_target_only_and_refuses_speculation(folders):
 def test_a_kept_recurrent_cache_is_reused_only_where_it_need_not_roll_back(folders):
     """Chat turns keep the target's cache: recurrent state is reused when the new prompt extends
     what it holds, started afresh when it diverges, and refused for speculation."""
-    from mlxspec.core.cache import PromptCache
+    from mlxspec.core.prompt_cache import PromptCache
 
     lm = loading.load(str(folders["mamba"]), "float32")
     kept = PromptCache()

@@ -73,10 +73,10 @@ def test_keep_reuses_the_last_turns_cache(tiny):
     second = list(session.stream(turn, max_tokens=12, stop_ids=set(), keep=True))
     fresh = list(Session(tiny, "ngram:2", 3, log=None).stream(turn, max_tokens=12, stop_ids=set()))
     assert emitted(second) == emitted(fresh)
-    assert session.kept.tokens[: len(turn)] == turn
+    assert session.kept.entries[-1].tokens[: len(turn)] == turn
     unkept = Session(tiny, log=None)
     list(unkept.stream(PROMPT, max_tokens=4))
-    assert not unkept.kept.tokens  # keep=False leaves nothing behind
+    assert not unkept.kept.entries  # keep=False leaves nothing behind
 
 
 def test_open_takes_a_loaded_model_and_checks_the_drafter(tiny):

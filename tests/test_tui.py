@@ -16,6 +16,7 @@ from rich.text import Text
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.events import Status, Step, Token
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.tui.chat.app import ChatApp
 from mlxspec.tui.chat.fake import SCRIPT, TREE_SCRIPT, FakeSource
 from mlxspec.tui.chat.messages import Piece, StepData, TurnResult
@@ -74,12 +75,15 @@ def screen_text(app: ChatApp) -> str:
 
 
 SCRIPT_PIECES = [Piece(text, status) for _, _, pieces in SCRIPT for text, status in pieces]
+CHAT_DEFAULT = SamplingParams(0.2, 0.9)  # the chat's sampling for the default model (registry: chat_sampling)
+CHAT_DEFAULT_LABEL = "T=0.2 top-p=0.9"
 
 
 def fake_app(**kw) -> tuple[ChatApp, FakeSource]:
     settings = kw.pop("settings", Settings(draft="ngram:3"))
+    note = kw.pop("sampling_note", "")
     src = FakeSource(**kw)
-    return ChatApp(src, settings, clock=src.clock), src
+    return ChatApp(src, settings, clock=src.clock, sampling_note=note), src
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -408,10 +412,39 @@ def test_python_m_tui_takes_the_cli_option_names(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(entry, "run_chat", lambda *a: calls.append(a))
     assert entry.main(["-m", "some.gguf", "-d", "ngram:2", "-k", "3", "-t", "0.5", "-n", "9"]) == 0
-    assert calls == [("some.gguf", "ngram:2", 3, 0.5, 1.0, 9, "auto")]
+    assert calls == [("some.gguf", "ngram:2", 3, 0.5, None, 9, "auto")]  # top-p: the model's recommended
     monkeypatch.undo()  # the real run_chat refuses bad options before the UI starts
     assert entry.main(["--k", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: --k must be in 1..64, got 0"]
+
+
+def test_the_chats_defaults_are_the_models_recommended_settings(monkeypatch):
+    """At T=0 the default model loops on everyday questions (issue 25, item 7): the chat starts
+    at the settings chosen for it (``benchmarks/notes/2026-12-01-chat-defaults.md``), says so
+    when ready, and a setting given on the command line wins over its default."""
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.tui.chat import app as chat_app
+
+    made = []
+    monkeypatch.setattr(chat_app.ChatApp, "run", lambda self: made.append(self))
+    monkeypatch.setattr(chat_app.ChatApp, "wait_for_worker_exit", lambda self: None)
+    chat_app.run_chat(draft="none")
+    assert made[-1].settings.params == SamplingParams(0.2, 0.9) == CHAT_DEFAULT
+    assert made[-1].sampling_note.startswith(f"Sampling {CHAT_DEFAULT_LABEL} (the model's recommended: ")
+    chat_app.run_chat(draft="none", temp=0.0)
+    assert made[-1].settings.params == SamplingParams(0.0, 0.9)
+    assert "(the rest the model's recommended" in made[-1].sampling_note
+
+    async def go():  # and the Ready line and the panel show them
+        app, _ = fake_app(settings=made[0].settings, sampling_note=made[0].sampling_note)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await pilot.pause()
+            left = " ".join(" ".join(line.partition("▏")[0] for line in screen_lines(app)).split())
+            assert "Sampling T=0.2 top-p=0.9 (the model's recommended" in left
+            assert panel_rows(app)["temperature"] == "0.2  top-p 0.9"
+
+    run(go())
 
 
 # ----------------------------------------------------------------------------- tree speculation
@@ -582,10 +615,11 @@ def test_chain_run_shows_no_tree_panel():
             await turn_done(pilot, app)
             assert panel.step is None and "Last step's tree" not in screen_text(app)
             assert "K              4" in screen_text(app) and "Accepted by draft position" in screen_text(app)
-            await pilot.press("ctrl+g")
+            await pilot.press("ctrl+g")  # trees on for the next turn: the panel says what will come
             await pilot.pause()
             assert panel.display and panel.step is None
-            assert panel.note.startswith("No tree: this turn drafts a chain.") and "No tree: this" in screen_text(app)
+            assert panel.note == "No tree yet: each step drafts a 3x2 tree of up to 8 nodes." and \
+                "No tree yet" in screen_text(app)
 
     run(go())
 
@@ -632,7 +666,7 @@ def test_run_chat_takes_a_tree_and_refuses_it_without_a_drafter(monkeypatch):
     chat_app.run_chat(draft="ngram:3", tree=parse_tree("3x2", 8))
     (app,) = made
     assert str(app.settings.tree) == "3x2" and app.show_tree and not app.source.auto_k
-    assert app.settings.label == "ngram:3 tree=3x2 · T=0"
+    assert app.settings.label == "ngram:3 tree=3x2 · " + CHAT_DEFAULT_LABEL
 
 
 @pytest.mark.parametrize("args, message", [
@@ -856,7 +890,7 @@ def test_model_source_keeps_the_cache_across_turns_with_a_system_prompt(lm):
     for follow_up in ("And another one?", None):
         got = [t.id for e in src.events(messages, settings) if isinstance(e, Step) for t in e.tokens if t.emitted]
         ids = encode_prompt(tok, system + messages)
-        assert src.kept.tokens[: len(ids)] == ids  # the whole turn is in the kept cache
+        assert src.kept.entries[-1].tokens[: len(ids)] == ids  # the whole turn is in the kept cache
         fresh = [t.id for e in generate(lm.model, ids, SamplingParams(), 6, set(tok.eos_token_ids),
                                         lm.context_length, 0, make_drafter("ngram:3", lm), 3)
                  if isinstance(e, Step) for t in e.tokens if t.emitted]
@@ -881,5 +915,80 @@ def test_the_loading_line_goes_once_the_model_is_ready():
             await pilot.pause()
             text = screen_text(app)
             assert "Ready:" in text and "Loading" not in text
+
+    run(go())
+
+
+# ----------------------------------------------------------------------------- keys and the panel's truth
+PLAIN_SCRIPT = [(0.5, 100.0, [(w, Status.PLAIN)]) for w in ("The", " sky", " is", " blue", ".")]
+
+
+def panel_rows(app: ChatApp) -> dict[str, str]:
+    """The side panel's "name   value" rows (its right-hand column of the screen)."""
+    rows = {}
+    for line in screen_lines(app):
+        cell = line.rpartition("▏")[2].strip()
+        name, _, value = cell.partition("  ")
+        if value.strip():
+            rows.setdefault(name.strip(), value.strip())
+    return rows
+
+
+def test_a_turn_that_drafted_nothing_shows_no_acceptance_or_speedup():
+    """--k auto may draft nothing in a whole turn: the panel says "–" for what it cannot know
+    (the server reports acceptance null), never 0% or a speedup measured on no drafts."""
+    async def go():
+        app, _ = fake_app(script=PLAIN_SCRIPT, settings=Settings(draft="ngram:3", k="auto"))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            rows = panel_rows(app)
+            assert rows["acceptance"] == "–" and rows["accepted/step"] == "–"
+            assert rows["speedup"] == "– (nothing drafted)"
+            assert "%" not in rows["acceptance"] and "x" not in rows["speedup"]
+
+    run(go())
+
+
+def test_ctrl_k_from_auto_steps_from_the_k_auto_was_using():
+    async def go():
+        app, _ = fake_app(settings=Settings(draft="ngram:3", k="auto"))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            used = round(app.stats.mean_k())
+            assert used != 4  # the script's mean K, so the old jump (last fixed K + 1 = 5) would differ
+            await pilot.press("ctrl+k")
+            assert app.settings.k == used + 1
+            await pilot.press("ctrl+o")  # back to auto, then down from what it used
+            assert app.settings.k == "auto"
+            await pilot.press("ctrl+j")
+            assert app.settings.k == max(1, used - 1)
+
+    run(go())
+
+
+def test_ctrl_g_turns_trees_on_and_off():
+    async def go():
+        app, src = fake_app(script=TREE_SCRIPT, settings=Settings(draft="ngram:3", k=4))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            assert app.settings.tree is None and not app.show_tree
+            await pilot.press("ctrl+g")  # on: the default shape, the panel showing it
+            assert (str(app.settings.tree), app.settings.tree.nodes) == ("3x2", 8) and app.show_tree
+            assert "tree=3x2" in app.sub_title and "3x2 (8 nodes)" in panel_rows(app)["tree"]
+            await pilot.press("ctrl+k")  # a deeper tree, remembered when trees go off and on again
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            assert str(src.requests[-1][1].tree) == "4x2"
+            await pilot.press("ctrl+g")
+            assert app.settings.tree is None and not app.show_tree and panel_rows(app)["K"] == "4"
+            await pilot.press("ctrl+g")
+            assert str(app.settings.tree) == "4x2" and app.show_tree
+            await pilot.press("ctrl+g", "ctrl+s")  # speculation off: no drafter to grow a tree
+            await pilot.press("ctrl+g")
+            assert app.settings.tree is None and not app.show_tree
 
     run(go())

@@ -4,7 +4,6 @@ rejected ones off again."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -67,33 +66,3 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
-
-
-@dataclass
-class PromptCache:
-    """A target's KV cache kept from one call to the next (chat turns, server requests), so a
-    new prompt that starts like the last conversation only prefills what is new.
-
-    ``tokens`` are the tokens the cache holds, in order; ``hidden`` their final hidden states,
-    kept only when a drafter that reads them ran (it needs them for the whole prompt)."""
-
-    cache: list[Any] | None = None
-    tokens: list[int] = field(default_factory=list)
-    hidden: mx.array | None = None
-
-    def take(self, head: list[int], want_hidden: bool) -> tuple[list[Any] | None, int]:
-        """The kept cache cut back to the longest prefix it shares with ``head``, and that
-        length; (None, 0) when nothing is reusable. The cache is handed over: ``keep`` it again
-        after the call."""
-        cache, held = self.cache, self.tokens
-        self.cache, self.tokens = None, []
-        n = common_prefix(held, head)
-        if cache is None or n == 0 or (want_hidden and self.hidden is None):
-            return None, 0
-        if n < len(held) and not all(c.is_trimmable() for c in cache):
-            return None, 0  # recurrent state cannot be cut back to the shared prefix: start afresh
-        rewind(cache, len(held) - n)
-        return cache, n
-
-    def keep(self, cache: list[Any], tokens: list[int], hidden: mx.array | None = None) -> None:
-        self.cache, self.tokens, self.hidden = cache, list(tokens), hidden

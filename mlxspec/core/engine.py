@@ -23,11 +23,12 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from mlxspec.core.cache import PromptCache, check_trimmable
+from mlxspec.core.cache import check_trimmable
 from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal, can_branch
 from mlxspec.core.events import Done, Event, NodeStats, Status, Step, Token, Tree
 from mlxspec.core.ops import ops_for
 from mlxspec.core.processors import emitted_logprobs, prefix_tails
+from mlxspec.core.prompt_cache import PromptCache, Reuse
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.target import Target
 from mlxspec.core.tree import TreeShape, first_line, path_to, verify_mask, verify_positions
@@ -66,8 +67,8 @@ def generate_plain(
     ``generate``."""
     ops = ops_for(model)
     limit, at_limit = _token_budget(prompt, max_tokens, context)
-    cache, n_kept = kept.take(prompt[:-1], False) if kept else (None, 0)
-    cache = cache if cache is not None else model.make_cache()
+    reuse = kept.take(prompt[:-1], False) if kept else Reuse()
+    cache, n_kept = reuse.cache if reuse.cache is not None else model.make_cache(), reuse.n
     key = ops.key(seed)
     width = params.window
 
@@ -160,10 +161,11 @@ def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
     hold already), and the drafter with the prompt (and the target's hidden states of those
     tokens if it reads them). Returns the cache and those hidden states."""
     head, want = prompt[:-1], drafter.wants_hidden
-    cache, n = kept.take(head, want) if kept else (None, 0)
+    reuse = kept.take(head, want) if kept else Reuse()
     # A kept cache may come from target-only decoding of a model whose state cannot roll back.
-    cache = check_trimmable(model.make_cache() if cache is None else cache, "the target", NOT_TRIMMABLE_HINT)
-    hidden = kept.hidden[:n] if n and want else None
+    cache = check_trimmable(model.make_cache() if reuse.cache is None else reuse.cache, "the target",
+                            NOT_TRIMMABLE_HINT)
+    n, hidden = reuse.n, reuse.hidden
     if len(head) > n:
         out = ops.prefill(model, cache, head[n:], return_hidden=want)
         if want:

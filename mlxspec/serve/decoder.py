@@ -11,6 +11,7 @@ from typing import Any
 
 from mlxspec.core.events import Done, Event
 from mlxspec.core.ops import ops_for
+from mlxspec.core.prompt_cache import PromptCache
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.serve.requests import ApiError, ServeOptions
@@ -21,6 +22,14 @@ Log = Callable[[str], None]
 
 _END = object()  # a job's last item
 ALIVE_POLL_S = 0.5  # how often a waiting request checks that its client is still there
+
+
+def shutting_down() -> ApiError:
+    """What a request still queued or decoding gets when the server stops (Ctrl-C, SIGTERM): an
+    error, not a normal end, so a stream cut short never reads as finished (``finish_reason``
+    "length"). In a stream it is the last event, as OpenAI's API reports a failure mid-stream
+    (the official client raises on it); otherwise a 503."""
+    return ApiError(503, "the server is shutting down; the reply was cut short", "server_shutdown", "server_error")
 
 
 @dataclass
@@ -50,6 +59,8 @@ class Job:
                 return
             if item is _END:
                 return
+            if isinstance(item, ApiError):
+                raise item
             if isinstance(item, MlxspecError):
                 raise ApiError(400, str(item), "invalid_request")
             if isinstance(item, BaseException):
@@ -82,6 +93,7 @@ class Decoder:
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.cancelled = 0  # jobs stopped before the engine finished (client gone, stop string)
         self.info: ModelInfo | None = None
+        self.prompt_cache: PromptCache | None = None  # the session's, for /health to read
         self._current: Job | None = None
         self._ready = threading.Event()
         self._closing = threading.Event()
@@ -95,6 +107,10 @@ class Decoder:
             raise self._failure
 
     def submit(self, job: Job) -> None:
+        if self._closing.is_set():
+            job.items.put(shutting_down())
+            job.items.put(_END)
+            return
         self.jobs.put(job)
 
     def close(self) -> None:
@@ -119,24 +135,37 @@ class Decoder:
         k = f"tree {options.tree}" if options.tree is not None else "auto" if options.k is None else options.k
         self.info = ModelInfo(lm.name, lm.tokenizer, lm.context_length, lm.config.vocab_size,
                               drafter.name if drafter else None, k)
+        self.prompt_cache = session.kept
         self._ready.set()
         while (job := self.jobs.get()) is not None:
             self._current = job
             self._decode(job, session)
             self._current = None
         ops_for(lm.model).synchronize()
+        while True:  # a job submitted as we stopped
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.items.put(shutting_down())
+                job.items.put(_END)
 
     def _decode(self, job: Job, session: Session) -> None:
+        if self._closing.is_set():
+            job.items.put(shutting_down())
         if job.cancel.is_set() or self._closing.is_set():  # its client left while it queued, or we stop
             job.items.put(_END)
             return
-        # A request that continues the last conversation prefills only what is new (keep=True).
+        # A request that continues a kept conversation prefills only what is new (keep=True).
         events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True, logprobs=job.logprobs)
         try:
             for ev in events:
                 job.items.put(ev)
                 if job.cancel.is_set() and not isinstance(ev, Done):
                     self.cancelled += 1
+                    if self._closing.is_set():
+                        job.items.put(shutting_down())
                     break
         except Exception as e:  # the handler turns it into an error response
             job.items.put(e)

@@ -14,6 +14,10 @@ from mlxspec.session import SessionOptions
 
 MAX_STOPS = 4  # as OpenAI's API
 MAX_ID_DIGITS = 12
+# Conversations kept between requests, and the memory they may hold: mlx-lm's server keeps 10;
+# 2 GB holds 10 conversations of 4k tokens of the default model's float32 cache (46 kB a token).
+PROMPT_CACHE_SIZE = 10
+PROMPT_CACHE_BYTES = 2 * 10**9
 CHAT, TEXT = "chat", "text"  # the two generation endpoints
 
 
@@ -35,10 +39,13 @@ class ServeOptions:
     backend: str = "mlx"  # or "torch[:DEVICE]" (--backend, --device)
     top_k: int = 0  # request defaults, as mlx-lm's server's --top-k / --min-p
     min_p: float = 0.0
+    prompt_cache_size: int = PROMPT_CACHE_SIZE  # conversations kept (--prompt-cache-size)
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES  # their memory at most (--prompt-cache-bytes)
 
     @property
     def session(self) -> SessionOptions:
-        return SessionOptions(self.model, self.dtype, self.backend, self.draft, self.k, self.tree, self.remeasure_cost)
+        return SessionOptions(self.model, self.dtype, self.backend, self.draft, self.k, self.tree, self.remeasure_cost,
+                              self.prompt_cache_size, self.prompt_cache_bytes)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from mlxspec.serve.responses import ResponseMeta, full_response, stream_chunks
 MAX_BODY_BYTES = 8 << 20  # far above any prompt that fits the context; refuses runaway uploads
 DRAIN_BYTES = 64 << 20  # of a refused body, read and dropped after the refusal (so no reset loses it)
 LINGER_S = 2.0  # how long that dropping may wait for a client that stopped sending
+CLOSE_WAIT_S = 2.0  # at shutdown, how long replies cut short may take to say so
 READ_TIMEOUT_S = 30.0  # a client that stops sending its request (line, headers or body) is let go
 ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST",
           "/health": "GET"}
@@ -48,6 +49,8 @@ class Server(ThreadingHTTPServer):
         self.options, self.log = options, log
         self.started = int(time.time())
         self.tokenizer_lock = threading.Lock()  # a fast tokenizer may refuse concurrent encodes
+        self.replying = 0  # generation requests between their submit and their reply's last byte
+        self.replied = threading.Condition()
         try:
             super().__init__((options.host, options.port), Handler)
         except OSError as e:
@@ -97,8 +100,13 @@ class Server(ThreadingHTTPServer):
                             "context_length": self.info.context_length}}
 
     def close(self) -> None:
+        """Stop taking connections, stop decoding, then give the handler threads (daemons, gone
+        when the process exits) ``CLOSE_WAIT_S`` to tell their clients that their replies
+        were cut short (``decoder.shutting_down``)."""
         self.server_close()
         self.decoder.close()
+        with self.replied:
+            self.replied.wait_for(lambda: self.replying == 0, timeout=CLOSE_WAIT_S)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -153,8 +161,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _get(self, path: str) -> None:
         if path == "/health":  # for a load balancer or a supervisor: the model is loaded and requests are taken
+            cached = self.server.decoder.prompt_cache.stats()
             return self._json(200, {"status": "ok", "model": self.server.info.name,
-                                    "queued": self.server.decoder.jobs.qsize()})
+                                    "queued": self.server.decoder.jobs.qsize(),
+                                    "prompt_cache": {"entries": cached.entries, "bytes": cached.nbytes,
+                                                     "hits": cached.hits, "misses": cached.misses}})
         if path == "/v1/models":
             return self._json(200, self.server.models())
         if path.startswith("/v1/models/"):
@@ -170,13 +181,18 @@ class Handler(BaseHTTPRequestHandler):
         ids = self.server.encode(req)
         check_bias_ids(req, self.server.info.vocab_size)
         job = Job(ids, req.params, req.max_tokens, req.seed, req.logprobs)
-        self.server.decoder.submit(job)
-        reply = Reply(self.server.info.tokenizer, req.stop, len(ids))
-        meta = ResponseMeta.new(req.kind, self.server.info.name)
+        with self.server.replied:
+            self.server.replying += 1
         try:
+            self.server.decoder.submit(job)
+            reply = Reply(self.server.info.tokenizer, req.stop, len(ids))
+            meta = ResponseMeta.new(req.kind, self.server.info.name)
             (self._stream if req.stream else self._whole)(req, job, reply, meta)
         finally:
             job.cancel.set()  # a no-op when the engine already finished
+            with self.server.replied:
+                self.server.replying -= 1
+                self.server.replied.notify_all()
 
     def _whole(self, req: GenerationRequest, job: Job, reply: Reply, meta: ResponseMeta) -> None:
         deltas = list(_deltas(job, reply, alive=self._client_here))

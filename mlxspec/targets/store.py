@@ -74,6 +74,13 @@ def default_target() -> str:
     return _registry()["default_target"]
 
 
+def chat_sampling(name: str) -> dict | None:
+    """A registry model's chosen chat sampling settings (``chat_sampling``: temperature, top_p,
+    top_k, min_p, source), or None."""
+    e = _registry()["models"].get(name)
+    return dict(e["chat_sampling"]) if e and "chat_sampling" in e else None
+
+
 def draft_path(name: str) -> Path | None:
     """A draft shipped in ``mlxspec/models/`` (registry ``drafts``), by name."""
     d = _registry().get("drafts", {}).get(name)

@@ -1,6 +1,6 @@
 """A trimmable KV cache for the torch llama module, with the interface of mlx-lm's ``KVCache``
 (``offset``, ``update_and_fetch``, ``trim``, ``state``) so ``core.cache``'s ``rewind``,
-``check_trimmable`` and ``PromptCache`` work on it unchanged."""
+``check_trimmable`` and ``prompt_cache`` work on it unchanged."""
 
 from __future__ import annotations
 
@@ -40,6 +40,11 @@ class KVCache:
         if self.keys is None:
             return None, None
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    @property
+    def nbytes(self) -> int:
+        """The buffers' size, allocated positions included (what a prompt cache's byte limit counts)."""
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
     def is_trimmable(self) -> bool:
         return True

@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", "-k", type=_k_arg, default=None, help="draft tokens per step: auto (the default) or 1..64")
     ap.add_argument("--tree", default=None, help="draft DxB token trees (e.g. 3x2) instead of chains")
     ap.add_argument("--tree-nodes", type=int, default=None, help="cap the --tree at N nodes, breadth first")
-    ap.add_argument("--temp", "-t", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    ap.add_argument("--temp", "-t", type=float, default=None,
+                    help="sampling temperature (0 = greedy; default: the model's recommended)")
+    ap.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: the model's recommended)")
     ap.add_argument("--max-tokens", "-n", type=int, default=512, help="new tokens per answer")
     ap.add_argument("--dtype", default="auto", help="auto, float32, float16, bfloat16, quantized")
     ap.add_argument("--demo", action="store_true", help="scripted fake events, no model (slowed down)")
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             from .chat.fake import SCRIPT, TREE_SCRIPT, FakeSource
 
             ChatApp(FakeSource(TREE_SCRIPT if tree else SCRIPT, delay=0.3),
-                    Settings(a.draft, 4 if tree else k, temp=a.temp, top_p=a.top_p, tree=tree),
+                    Settings(a.draft, 4 if tree else k, temp=a.temp or 0.0, top_p=a.top_p or 1.0, tree=tree),
                     loading_label="the demo source").run()
         else:
             run_chat(a.model, a.draft, k, a.temp, a.top_p, a.max_tokens, a.dtype, **({"tree": tree} if tree else {}))

@@ -63,6 +63,7 @@ from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, TreePanel, 
 # step it competes with decoding, batched it does not (BENCHMARKS.md, chat drawing overhead).
 RENDER_DELAY = 0.1
 STATS_INTERVAL = 0.5  # seconds between side-panel redraws while generating (each costs ~7 ms)
+DEFAULT_TREE = parse_tree("3x2", 8)  # what ^g first turns on: `mlxspec study`'s shape (the paper's)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class ChatApp(App[None], inherit_bindings=False):
 
     def __init__(self, source: Source, settings: Settings = Settings(), *,
                  drafters: Sequence[str] = DRAFTERS, temperatures: Sequence[float] = TEMPERATURES,
-                 clock: Callable[[], float] = time.perf_counter, loading_label: str = "the model") -> None:
+                 clock: Callable[[], float] = time.perf_counter, loading_label: str = "the model",
+                 sampling_note: str = "") -> None:
         super().__init__()
         self.source, self.clock = source, clock
         self.drafters = list(drafters) + ([settings.draft] if settings.draft not in drafters else [])
@@ -112,6 +114,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self.set_reactive(ChatApp.settings, settings)
         self.set_reactive(ChatApp.show_tree, settings.tree is not None)  # the tree panel: on with --tree
         self.loading_label = loading_label
+        self.sampling_note = sampling_note  # said once the model is ready: the sampling and its source
         self.info: ModelInfo | None = None
         self.baseline = Baseline()
         self.history: list[dict[str, str]] = []
@@ -127,6 +130,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self._show_pending = False  # a _show_steps is on its way (timer or call_later)
         self.render_delay = RENDER_DELAY
         self._fixed_k = settings.k if isinstance(settings.k, int) else 4  # what ^o returns to from auto
+        self._tree = settings.tree or DEFAULT_TREE  # what ^g turns on: the last tree drafted, else 3x2
         self.worker_thread_id: int | None = None  # the OS thread that owns the models
 
     # ------------------------------------------------------------------ layout
@@ -207,7 +211,8 @@ class ChatApp(App[None], inherit_bindings=False):
         self._update_header()
         self.loading_note.remove()  # loaded: the Ready line says so, and what with
         self.transcript.add_note(f"Ready: {info.target} ({info.dtype}, context {info.context_length}) "
-                                 f"on {info.backend}. Type a question and press Enter.")
+                                 f"on {info.backend}. Type a question and press Enter."
+                                 + (f" {self.sampling_note}" if self.sampling_note else ""))
         self._refresh_stats()
 
     def on_model_failed(self, message: ModelFailed) -> None:
@@ -303,13 +308,19 @@ class ChatApp(App[None], inherit_bindings=False):
         self._refresh_stats()
 
     def action_change_k(self, delta: int) -> None:
-        """K+/K-; from auto, a fixed K next to the last fixed one; with a tree, its depth."""
+        """K+/K-; with a tree, its depth. From auto, one more or less than the K auto was
+        using (the last turn's mean, as the panel's "K in use" shows it; the last fixed K
+        before any turn), not the last fixed K plus one, which jumped from auto to 5."""
         if self.settings.tree is not None:
             self._change_depth(delta)
             return
         k = self.settings.k
-        base = self._fixed_k if k == AUTO else k
+        base = k if k != AUTO else self._auto_k_in_use()
         self.settings = replace(self.settings, k=max(K_MIN, min(K_MAX, base + delta)))
+
+    def _auto_k_in_use(self) -> int:
+        mean = self.stats.mean_k() if self.stats is not None and not self.stats.tree else None
+        return self._fixed_k if mean is None else round(mean)
 
     def _change_depth(self, delta: int) -> None:
         """The tree one level deeper or shallower: same branching, same node cap (if any)."""
@@ -354,7 +365,21 @@ class ChatApp(App[None], inherit_bindings=False):
         self.show_rejected = not self.show_rejected
 
     def action_toggle_tree(self) -> None:
-        self.show_tree = not self.show_tree
+        """Trees on (the last tree shape drafted, else 3x2 capped at 8 nodes, with the panel
+        showing it) or off (chains of K again, the panel hidden)."""
+        s = self.settings
+        if s.tree is not None:
+            self._tree = s.tree
+            self.settings = replace(s, tree=None)
+        elif s.drafter == "none":
+            self.notify("A tree needs a drafter: pick one with ^d (or ^s) first.", severity="warning")
+            return
+        else:
+            self.settings = replace(s, tree=self._tree)
+            panel = self.query_one(TreePanel)
+            if panel.step is None:
+                panel.show_note(self._tree_note(self.settings, before=True))
+        self.show_tree = self.settings.tree is not None
 
     def action_stop(self) -> None:
         if self.running is not None:
@@ -393,8 +418,7 @@ class ChatApp(App[None], inherit_bindings=False):
         if settings.drafter == "none":
             return "No tree: this turn decodes with the target alone."
         if settings.tree is None:
-            return ("No tree: this turn drafts a chain. Start the chat with --tree DxB (e.g. --tree 3x2) "
-                    "to draft trees.")
+            return "No tree: this turn drafts a chain. ^g drafts trees (or start the chat with --tree DxB)."
         shape = "an auto" if settings.tree.auto else f"a {settings.tree}"
         return ("No tree yet: " if before else "Waiting for the first step: ") + \
             f"each step drafts {shape} tree of up to {settings.tree.nodes} nodes."
@@ -427,6 +451,24 @@ class ChatApp(App[None], inherit_bindings=False):
         self.query_one(StatsPanel).show(self.stats, self.settings, self.baseline, self.running is not None)
 
 
+def chat_sampling(target: str, temp: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                  min_p: float | None = None) -> tuple[SamplingParams, str]:
+    """The chat's sampling: each setting given on the command line, the others the model's
+    recommended ones (``targets.sampling_defaults``: at T=0 the small default model loops on
+    everyday questions); checked, with a line saying what they are and where they come from."""
+    from mlxspec.targets.sampling_defaults import sampling_defaults
+
+    d = sampling_defaults(target)
+    given = [x is not None for x in (temp, top_p, top_k, min_p)]
+    params = SamplingParams(d.temperature if temp is None else temp, d.top_p if top_p is None else top_p,
+                            d.top_k if top_k is None else top_k, d.min_p if min_p is None else min_p)
+    shown = Settings(temp=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p)
+    where = ("as given" if all(given) else f"the model's recommended: {d.source}" if not any(given)
+             else f"the rest the model's recommended: {d.source}")
+    label = f"T={params.temperature:g}" + "".join(f" {n}={v:g}" for n, v in shown.filters)
+    return params, f"Sampling {label} ({where})."
+
+
 def shipped_drafts(target: str) -> tuple[str, ...]:
     """The registry's drafts for ``target`` (none for a target it does not know), for ^d."""
     try:
@@ -436,19 +478,20 @@ def shipped_drafts(target: str) -> tuple[str, ...]:
     return tuple(d["name"] for d in store.drafts() if d["target"] == name and d["present"])
 
 
-def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float = 0.0,
-             top_p: float = 1.0, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False,
+def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float | None = None,
+             top_p: float | None = None, max_tokens: int = 512, dtype: str = "auto", remeasure_cost: bool = False,
              system: str | None = None, backend: str = "mlx", tree: TreeShape | None = None,
-             sampling: SamplingParams | None = None) -> None:
+             top_k: int | None = None, min_p: float | None = None, sampling: SamplingParams | None = None) -> None:
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
     starts; a model that fails to load is reported inside the UI. ``tree``: draft trees of that
-    shape (``--tree``, checked by the CLI) instead of chains of K; it needs a drafter.
-    ``sampling``: the other sampling controls (top-k, min-p, penalties, logit bias), checked."""
+    shape (``--tree``, checked by the CLI) instead of chains of K; it needs a drafter. Sampling
+    settings not given are the model's recommended ones (``chat_sampling``); ``sampling``: the
+    other controls (penalties, logit bias), checked."""
     from mlxspec.core.autok import parse_k_option
     from mlxspec.runtime import DTYPES
 
     k = parse_k_option(k)
-    SamplingParams(temp, top_p)
+    recommended, note = chat_sampling(target, temp, top_p, top_k, min_p)
     if dtype not in DTYPES:
         raise MlxspecError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if max_tokens <= 0:
@@ -457,14 +500,15 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
         raise MlxspecError("--tree needs a drafter, but --draft is none (try --draft self:8)")
     if tree is not None and k == AUTO:
         k = 4  # unused while the tree is on; nothing to measure for it
-    settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=temp,
-                        top_p=top_p, max_tokens=max_tokens, system=system, tree=tree, sampling=sampling)
+    settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=recommended.temperature,
+                        top_p=recommended.top_p, top_k=recommended.top_k, min_p=recommended.min_p, max_tokens=max_tokens,
+                        system=system, tree=tree, sampling=sampling)
     if backend not in ("mlx", "auto"):  # refuse a missing torch or device before the UI starts
         from mlxspec.torchpath import pick_device, split_backend
 
         pick_device(split_backend(backend))
     source = ModelSource(target, dtype, auto_k=k == AUTO, remeasure_cost=remeasure_cost, backend=backend)
     app = ChatApp(source, settings, drafters=DRAFTERS + shipped_drafts(target),
-                  loading_label=f"model {target!r}")
+                  loading_label=f"model {target!r}", sampling_note=note)
     app.run()
     app.wait_for_worker_exit()

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before anything imports mlx)
 from mlxspec import runtime
-from mlxspec.core.cache import PromptCache
 from mlxspec.core.drafters import MAX_K
 from mlxspec.core.events import Event
+from mlxspec.core.prompt_cache import PromptCache
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.measure.runs import collect_run
 from mlxspec.session import Session, StepText
@@ -43,6 +43,8 @@ class Settings:
     speculate: bool = True
     temp: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     max_tokens: int = 512
     seed: int = 0
     system: str | None = None  # a system message before every conversation (--system-prompt)
@@ -73,10 +75,23 @@ class Settings:
         return f"K={self.k}" if self.tree is None else f"tree={self.tree}"
 
     @property
+    def params(self) -> SamplingParams:
+        """The turn's sampling: the keys' temperature and filters over the command line's other controls."""
+        if self.sampling is None:
+            return SamplingParams(self.temp, self.top_p, self.top_k, self.min_p)
+        return replace(self.sampling, temperature=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
+
+    @property
+    def filters(self) -> list[tuple[str, float]]:
+        """The sampling filters in force, as (name, value): top-p, top-k, min-p."""
+        return [(name, value) for name, value, on in
+                (("top-p", self.top_p, self.top_p < 1), ("top-k", self.top_k, self.top_k > 0),
+                 ("min-p", self.min_p, self.min_p > 0)) if on]
+
+    @property
     def label(self) -> str:
         spec = "target only" if self.drafter == "none" else f"{self.drafter} {self.shape}"
-        top_p = f" top-p={self.top_p:g}" if self.top_p < 1 else ""
-        return f"{spec} · T={self.temp:g}{top_p}"
+        return f"{spec} · T={self.temp:g}" + "".join(f" {name}={value:g}" for name, value in self.filters)
 
 
 @dataclass(frozen=True)
@@ -184,8 +199,7 @@ class ModelSource:
         return self.session.use(settings.drafter, k, tree)
 
     def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
-        params = (SamplingParams(settings.temp, settings.top_p) if settings.sampling is None
-                  else replace(settings.sampling, temperature=settings.temp, top_p=settings.top_p))
+        params = settings.params
         system = [{"role": "system", "content": settings.system}] if settings.system else []
         events = self.drafting(settings).stream(system + messages, params, settings.max_tokens, settings.seed,
                                                 keep=True)

@@ -233,14 +233,17 @@ def _settings_rows(t: Text, settings: Settings) -> None:
         _row(t, "K", str(settings.k))
     else:
         _row(t, "tree", f"{settings.tree} ({settings.tree.nodes} nodes)")
-    _row(t, "temperature", f"{settings.temp:g}" + (f"  top-p {settings.top_p:g}" if settings.top_p < 1 else ""))
+    _row(t, "temperature", f"{settings.temp:g}" + "".join(f"  {name} {value:g}" for name, value in settings.filters))
 
 
 def _speed_rows(t: Text, s: TurnStats | None, baseline: Baseline, busy: bool) -> None:
     _head(t, "\nSpeed" + (" (generating)" if busy else " (last turn)" if s else ""))
     _row(t, "tok/s now", _num(s and s.tps_now(), ".1f"))
     _row(t, "tok/s turn", _num(s and s.tps_turn(), ".1f"))
-    _row(t, "speedup", "– (target-only turn)" if s and s.target_only else _num(s and s.speedup(baseline), ".2f", "x"))
+    if s and s.target_only:  # no speedup to speak of: nothing was drafted (by choice, or by auto K)
+        _row(t, "speedup", "– (target-only turn)" if s.k == 0 else "– (nothing drafted)")
+    else:
+        _row(t, "speedup", _num(s and s.speedup(baseline), ".2f", "x"))
     t.append(f"  vs target-only {_num(baseline.tps, '.1f')} tok/s\n  ({baseline.source})\n", "dim")
 
 
@@ -250,7 +253,7 @@ def _speculation_rows(t: Text, s: TurnStats | None) -> None:
     tree = bool(s and s.tree)
     k_now = s and s.k_now()
     _row(t, "nodes/step" if tree else "K in use", "–" if k_now is None else f"{k_now}  (mean {s.mean_k():.1f})")
-    _row(t, "accepted/step", _num(s and s.accepted_per_step(), ".2f"))
+    _row(t, "accepted/step", "–" if not (s and s.drafted) else _num(s.accepted_per_step(), ".2f"))
     _row(t, "tokens/step", _num(s and s.tokens_per_step(), ".2f"))
     rate = s and s.acceptance_rate()
     _row(t, "nodes kept" if tree else "acceptance", "–" if rate is None else f"{rate:.0%}")

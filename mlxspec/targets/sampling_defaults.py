@@ -1,0 +1,68 @@
+"""The sampling settings a model is best chatted with, where they are known: the registry's
+(chosen for a shipped model, with where they come from), else the ``generation_config.json``
+a Hugging Face / mlx-lm folder ships, else greedy decoding. ``mlxspec chat`` starts from them;
+``generate``, ``serve`` and the measurements keep greedy defaults, which exactness checks and
+benchmarks compare against."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxspec.errors import MlxspecError
+from mlxspec.targets import store
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    source: str = "none known: greedy"
+
+    @property
+    def label(self) -> str:
+        parts = [f"T={self.temperature:g}"]
+        parts += [f"top-p {self.top_p:g}"] if self.top_p < 1 else []
+        parts += [f"top-k {self.top_k}"] if self.top_k else []
+        parts += [f"min-p {self.min_p:g}"] if self.min_p else []
+        return " ".join(parts)
+
+
+def sampling_defaults(spec: str) -> SamplingDefaults:
+    """``spec``'s recommended settings (a model spec as ``--model`` takes it). A spec that does
+    not resolve gets greedy: loading it reports why."""
+    name = store.default_target() if spec in ("default", "") else spec
+    chosen = store.chat_sampling(name)
+    if chosen is not None:
+        return SamplingDefaults(**chosen)
+    from mlxspec.targets.loading import resolve  # loading imports MLX: only when needed
+
+    try:
+        _, path = resolve(spec)
+    except MlxspecError:
+        return SamplingDefaults()
+    return from_generation_config(path / GENERATION_CONFIG) if path.is_dir() else SamplingDefaults()
+
+
+def from_generation_config(path: Path) -> SamplingDefaults:
+    """Hugging Face's ``generation_config.json``: its temperature, top_p, top_k and min_p when it
+    samples (``do_sample`` true), each missing one at transformers' own default (temperature 1,
+    top_p 1, top_k 50, no min_p), as the authors' settings run there; greedy otherwise."""
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return SamplingDefaults()
+    if not isinstance(cfg, dict) or cfg.get("do_sample") is not True:
+        return SamplingDefaults(source=f"the model's {path.name}: greedy" if isinstance(cfg, dict) else
+                                SamplingDefaults.source)
+    try:
+        return SamplingDefaults(float(cfg.get("temperature", 1.0)), float(cfg.get("top_p", 1.0)),
+                                int(cfg.get("top_k", 50)), float(cfg.get("min_p") or 0.0),
+                                source=f"the model's {path.name}")
+    except (TypeError, ValueError):
+        return SamplingDefaults()
