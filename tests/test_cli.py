@@ -444,8 +444,10 @@ def test_chat_passes_the_sampling_controls_through(monkeypatch):
     assert invoke("chat", "-d", "none").exit_code == 0
     assert invoke("chat", "-d", "none", "--top-k", "5", "--repetition-penalty", "1.2", "--logit-bias", "7=-100",
                   "--frequency-penalty", "0.5").exit_code == 0
-    assert "sampling" not in calls[0]  # nothing asked for: the chat's own settings
-    assert calls[1]["sampling"] == SamplingParams(top_k=5, repetition_penalty=1.2, frequency_penalty=0.5,
+    assert "sampling" not in calls[0] and calls[0]["top_k"] is None  # nothing asked for: the chat's own settings
+    # temperature and the filters go as given (None: the model's recommended); the processors as SamplingParams
+    assert calls[1]["top_k"] == 5 and calls[1]["min_p"] is None
+    assert calls[1]["sampling"] == SamplingParams(repetition_penalty=1.2, frequency_penalty=0.5,
                                                   logit_bias=((7, -100.0),))
 
 
