@@ -105,7 +105,8 @@ def torch_description(backend: str) -> str:
 
     device = backend.partition(":")[2] or "cpu"
     if device == "cpu":
-        return f"PyTorch {torch.__version__} on CPU ({torch.get_num_threads()} threads)"
+        n = torch.get_num_threads()
+        return f"PyTorch {torch.__version__} on CPU ({n} thread{'s' if n != 1 else ''})"
     name = torch.cuda.get_device_name() if device == "cuda" else "Apple GPU"
     return f"PyTorch {torch.__version__} on {device.upper()} ({name})"
 
