@@ -74,26 +74,31 @@ class PromptCache:
     """A target's KV cache kept from one call to the next (chat turns, server requests), so a
     new prompt that starts like the last conversation only prefills what is new.
 
-    ``tokens`` are the tokens the cache holds, in order; ``hidden`` their final hidden states,
-    kept only when a drafter that reads them ran (it needs them for the whole prompt)."""
+    ``tokens`` are the tokens the cache holds, in order; ``hidden`` their hidden states, kept
+    only when a drafter that reads them ran (it needs them for the whole prompt), of the kind
+    ``hidden_kind`` names (the drafter's ``wants_hidden``: the final state, or those of blocks)."""
 
     cache: list[Any] | None = None
     tokens: list[int] = field(default_factory=list)
     hidden: mx.array | None = None
+    hidden_kind: bool | tuple[int, ...] = False
 
-    def take(self, head: list[int], want_hidden: bool) -> tuple[list[Any] | None, int]:
+    def take(self, head: list[int], want_hidden: bool | tuple[int, ...]) -> tuple[list[Any] | None, int]:
         """The kept cache cut back to the longest prefix it shares with ``head``, and that
         length; (None, 0) when nothing is reusable. The cache is handed over: ``keep`` it again
         after the call."""
         cache, held = self.cache, self.tokens
         self.cache, self.tokens = None, []
         n = common_prefix(held, head)
-        if cache is None or n == 0 or (want_hidden and self.hidden is None):
+        # A drafter that reads other hidden states than the kept ones starts afresh.
+        if cache is None or n == 0 or (want_hidden and (self.hidden is None or self.hidden_kind != want_hidden)):
             return None, 0
         if n < len(held) and not all(c.is_trimmable() for c in cache):
             return None, 0  # recurrent state cannot be cut back to the shared prefix: start afresh
         rewind(cache, len(held) - n)
         return cache, n
 
-    def keep(self, cache: list[Any], tokens: list[int], hidden: mx.array | None = None) -> None:
+    def keep(self, cache: list[Any], tokens: list[int], hidden: mx.array | None = None,
+             hidden_kind: bool | tuple[int, ...] = False) -> None:
         self.cache, self.tokens, self.hidden = cache, list(tokens), hidden
+        self.hidden_kind = hidden_kind if hidden is not None else False

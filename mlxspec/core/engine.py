@@ -120,12 +120,12 @@ def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
 
 
 def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
-            key: Any, want_hidden: bool) -> tuple[Any, Any, Any, Any]:
+            key: Any, want_hidden: bool | tuple[int, ...]) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, d_1..d_m]: how many drafts it keeps, its next token, and its
     hidden states and logits of the pass (lazy)."""
     draft = proposal.tokens
     out = model(ops.concatenate([ops.tokens([y]), draft])[None], cache,
-                **({"return_hidden": True} if want_hidden else {}))
+                **({"return_hidden": want_hidden} if want_hidden else {}))
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
     if params.greedy:
         n_acc, nxt = ops.greedy_verify(draft, logits)
@@ -136,7 +136,7 @@ def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Propo
 
 
 def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: int, proposal: Proposal,
-                 params: SamplingParams, key: Any, want_hidden: bool) -> tuple[Any, Any, Any, Any]:
+                 params: SamplingParams, key: Any, want_hidden: bool | tuple[int, ...]) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, tree nodes], ``offset`` committed tokens cached before y: the
     last accepted node (-1: none), the next token and the hidden states and logits of the pass
     (lazy).
@@ -145,7 +145,7 @@ def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: in
     mask, positions = verify_mask(parents, offset), verify_positions(parents, offset)
     out = model(ops.concatenate([ops.tokens([y]), proposal.tokens])[None], cache,
                 mask=ops.from_numpy(mask), positions=ops.from_numpy(positions),
-                **({"return_hidden": True} if want_hidden else {}))
+                **({"return_hidden": want_hidden} if want_hidden else {}))
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
     if params.greedy:
         last, nxt = ops.tree_greedy_verify(proposal.tokens, parents, logits)
@@ -267,7 +267,8 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
         raise
     finally:  # also when the consumer stops early: at every yield the cache holds history[:-1]
         if kept is not None:
-            kept.keep(cache, history[:-1], ops.concatenate(held_hidden) if held_hidden else None)
+            kept.keep(cache, history[:-1], ops.concatenate(held_hidden) if held_hidden else None,
+                      drafter.wants_hidden)
 
     end = time.perf_counter()
     yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),
@@ -288,7 +289,7 @@ def _draft(ops: ModuleType, drafter: Drafter, history: list[int], room: int, tre
 
 
 def _decide(ops: ModuleType, model: Target, cache: list, history: list[int], proposal: Proposal,
-            params: SamplingParams, key: Any, want_hidden: bool, node_stats: bool) -> tuple[list[int], int, Any, tuple]:
+            params: SamplingParams, key: Any, want_hidden: bool | tuple[int, ...], node_stats: bool) -> tuple[list[int], int, Any, tuple]:
     """One target pass over [y, proposal] (y = ``history[-1]``, not yet cached): the accepted
     path (indices into the proposal), the target's next token, the pass's hidden states (lazy)
     and, with ``node_stats``, each node's statistics. The step's one sync for the decision."""

@@ -35,7 +35,9 @@ class Target(Protocol):
         mask: mx.array | str | None = None,
         positions: mx.array | None = None,
         num_layers: int | None = None,
-        return_hidden: bool = False,
+        return_hidden: bool | tuple[int, ...] = False,
     ) -> mx.array | tuple[mx.array, mx.array]:
         """Logits (B, L, V) for ``tokens`` (B, L); with ``return_hidden`` also the final
-        (normed) hidden states (B, L, D) the head reads."""
+        (normed) hidden states (B, L, D) the head reads, or, given block indices, the residual
+        stream entering each of those blocks concatenated in ascending order (B, L, n*D): index
+        0 is the embedding's output, index ``num_layers`` the last block's (before the norm)."""
