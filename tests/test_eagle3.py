@@ -34,6 +34,8 @@ from mlxspec.errors import MlxspecError
 from mlxspec.targets import loading
 from mlxspec.targets.drafts import make_drafter
 from mlxspec.targets.eagle3 import load_eagle3, published_config, save_eagle3
+from mlxspec.training.eagle_train import EagleTrainConfig, make_batch, objectives, train_head, unroll
+from mlxspec.training.features import FeatureSet, teacher_pass
 
 VOCAB = 64
 LAYERS = 8  # default taps 2, 4, 5: three distinct blocks
@@ -392,8 +394,8 @@ def test_the_torch_twin_drafts_what_mlx_does(target):
     _, zt = twin.head(torch.from_numpy(feats)[None], torch.tensor([PROMPT_IDS[1:] + [5]]))
     _, zm = head(mx.array(feats)[None], mx.array([PROMPT_IDS[1:] + [5]]))
     np.testing.assert_allclose(zt.numpy(), np.array(zm), atol=1e-4, rtol=1e-4)
-    out = emitted(generate(model, PROMPT_IDS, GREEDY, 16, set(), 512, 0, twin, 3))
-    assert out == plain(target)
+    out = emitted(generate(model, PROMPT_IDS, GREEDY, 10, set(), 512, 0, twin, 3))
+    assert out == plain(target, 10)
 
 
 # ----------------------------------------------------------------------------- bad heads
@@ -458,3 +460,128 @@ def test_published_config_is_what_vllm_and_sglang_read():
                 "draft_vocab_size", "target_hidden_size", "rms_norm_eps", "rope_theta", "max_position_embeddings"):
         assert key in config, key
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def tapped_features(target, taps: tuple[int, ...], sequences: int = 8, length: int = 24) -> FeatureSet:
+    """Random sequences teacher-forced through ``features.teacher_pass`` with taps."""
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, VOCAB, size=length).tolist() for _ in range(sequences)]
+    rows = teacher_pass(target.model, seqs, taps)
+    parts = [FeatureSet(np.array(s, np.int32), *r[:3], np.array([length]), np.array([6]), ["test"], {}, r[3])
+             for s, r in zip(seqs, rows)]
+    return FeatureSet.concat(parts, {})
+
+
+def test_the_tapped_teacher_pass_gives_the_taps_and_the_final_feature(target):
+    taps = default_aux_layers(LAYERS)
+    seq = PROMPT_IDS * 3
+    feats, lse, argmax, aux = teacher_pass(target.model, [seq, seq[:10]], taps)[1]
+    logits, final = target.model(mx.array([seq[:10]]), None, return_hidden=True)
+    np.testing.assert_allclose(aux, mlx_lm_taps(target.ref, seq[:10], taps), atol=2e-2, rtol=1e-2)  # float16
+    np.testing.assert_allclose(feats, np.array(final[0]), atol=2e-2, rtol=1e-2)
+    assert argmax.tolist() == np.array(mx.argmax(logits[0], axis=-1)).tolist()
+
+
+def test_training_unroll_matches_what_drafting_computes(target):
+    """Step j of the unrolled training pass at slot t is the head's j-th draft from anchor t-j+1,
+    the first step reading taps and later ones the head's own outputs."""
+    head = random_head(target)
+    seq = [4, 9, 13, 21, 2, 7, 30, 11, 5, 19]
+    taps = target.model(mx.array([seq]), None, return_hidden=head.wants_hidden)[1][0]
+    outs = unroll(head, taps[None, :-1], mx.array([seq[1:]]), 3)
+    for anchor in range(1, 6):
+        cache = head.make_cache()
+        pred, _ = head(taps[None, :anchor], mx.array([seq[1 : anchor + 1]]), cache)
+        for j in range(3):
+            slot = anchor - 1 + j
+            np.testing.assert_allclose(np.array(pred[0, -1]), np.array(outs[j][0, slot]), atol=1e-4, rtol=1e-4)
+            pred, _ = head(pred[:, -1:], mx.array([[seq[slot + 2]]]), cache)
+
+
+def test_training_improves_the_chain_and_resumes_exactly(tmp_path):
+    from mlxspec.training.eagle3 import new_head
+
+    target = mlx_lm_target("llama", seed=3)
+    data = tapped_features(target, default_aux_layers(LAYERS))
+    ids = mx.array(DRAFT_IDS)
+    rows = target.model.lm_head.weight[ids]
+    cfg = EagleTrainConfig(loss="eal", steps=6, batch=4, context=20, k=3, lr=3e-3, warmup=1, checkpoint_every=3,
+                           feature_weight=0.0)
+    col_of = np.full(VOCAB, -1, np.int32)
+    col_of[np.array(ids)] = np.arange(len(DRAFT_IDS))
+
+    def chain(head) -> float:
+        b = make_batch(data, np.arange(8), 20, np.random.default_rng(1), col_of)
+        b["teacher_rows"] = rows
+        _, _, feat, _, c = objectives(head, b, cfg, 0.0)
+        assert feat.item() == 0.0  # no feature regression for an EAGLE-3 head
+        return c.item()
+
+    whole = new_head(target, ids)
+    before = chain(whole)
+    train_head(whole, data, rows, cfg, tmp_path / "whole")
+    assert chain(whole) > before
+    with pytest.raises(_Stop):  # interrupted right after the step-3 checkpoint
+        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", on_step=_stop_after(3))
+    assert (tmp_path / "cut" / "checkpoint" / "model.safetensors").is_file()
+    resumed = new_head(target, ids)
+    history = train_head(resumed, data, rows, cfg, tmp_path / "cut", resume=True)
+    assert [h.step for h in history] == list(range(1, 7))
+    for (k, a), (_, b) in zip(tree_flatten(whole.parameters()), tree_flatten(resumed.parameters())):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_after(n: int):
+    def on_step(log):
+        if log.step == n:
+            raise _Stop
+
+    return on_step
+
+
+def test_a_head_trained_for_another_tokenizer_is_refused(target, tmp_path):
+    folder = save_eagle3(random_head(target), tmp_path / "e3", dtype="float32",
+                         extra={"mlxspec": {"tokenizer_sha256": "0" * 64}})
+    other = SimpleNamespace(**{**vars(target), "tokenizer": SimpleNamespace(get_vocab=lambda: {"a": 0})})
+    with pytest.raises(MlxspecError, match="trained for a different tokenizer") as e:
+        load_eagle3(folder, other)
+    one_line(e.value)
+
+
+def test_train_draft_arch_eagle3_refuses_torch():
+    from mlxspec.training.run import TrainOptions
+
+    with pytest.raises(MlxspecError, match="eagle3 builds its features and trains on MLX"):
+        TrainOptions(out=Path("x"), arch="eagle3", backend="torch").resolved()
+
+
+@pytest.mark.model
+def test_quick_eagle3_training_writes_the_published_format_and_drafts_exactly(tmp_path, lm):
+    """`train-draft --arch eagle3 --quick` on the real target end to end: the folder is the
+    published layout, loads as --draft, and greedy speculation with it is the target's own."""
+    from typer.testing import CliRunner
+
+    from mlxspec.cli import app
+    from mlxspec.targets.tokenizer import encode_prompt
+
+    out = tmp_path / "e3"
+    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle3", "--quick", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert "Reproduce: `mlxspec train-draft --arch eagle3" in (out / "README.md").read_text()
+    ids = encode_prompt(lm.tokenizer, "Name three rivers in Europe.")
+    stop = set(lm.tokenizer.eos_token_ids)
+    want = emitted(generate(lm.model, ids, GREEDY, 24, stop, lm.context_length))
+    for k, tree in ((1, None), (4, None), (8, None), (1, parse_tree("3x2"))):
+        got = emitted(generate(lm.model, ids, GREEDY, 24, stop, lm.context_length, 0, make_drafter(str(out), lm), k,
+                               tree=tree))
+        assert got == want, (k, tree)

@@ -37,6 +37,7 @@ from mlxspec.core.drafters.eagle3 import (
 )
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
+from mlxspec.targets.folders import tokenizer_fingerprint
 from mlxspec.targets.loading import read_config
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator")
@@ -181,9 +182,13 @@ def vocabulary(cfg: Eagle3Config, weights: dict[str, mx.array], path: Path) -> m
     return mx.array(ids.astype(np.int32))
 
 
-def check_target(cfg: Eagle3Config, path: Path, target) -> None:
-    """One clear line when the head was made for another target."""
+def check_target(cfg: Eagle3Config, path: Path, target, tokenizer_sha256: str | None = None) -> None:
+    """One clear line when the head was made for another target. Published heads name no
+    tokenizer (only its size); one trained here names its fingerprint, which is checked."""
     t = target.config
+    if tokenizer_sha256 and getattr(target, "tokenizer", None) is not None:
+        if tokenizer_sha256 != tokenizer_fingerprint(target.tokenizer):
+            raise MlxspecError(f"EAGLE-3 head {path} was trained for a different tokenizer than target {target.name!r}")
     if (cfg.target_vocab, cfg.target_hidden) != (t.vocab_size, t.hidden_size):
         raise MlxspecError(
             f"EAGLE-3 head {path} is for a target with vocabulary {cfg.target_vocab} and hidden size "
@@ -204,7 +209,8 @@ def load_eagle3(path: Path, target, dtype: mx.Dtype = mx.float32) -> Eagle3Head:
     weights = published_to_ours(read_weights(path))
     ids = vocabulary(cfg, weights, path)
     cfg = replace(cfg, own_embedding="embed_tokens.weight" in weights, fc_bias="fc.bias" in weights)
-    check_target(cfg, path, target)
+    ours = read_config(path).get("mlxspec")
+    check_target(cfg, path, target, ours.get("tokenizer_sha256") if isinstance(ours, dict) else None)
     head = Eagle3Head(cfg, ids, target.model.model.embed_tokens)
     expected = dict(tree_flatten(head.parameters()))
     missing, unknown = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
