@@ -585,3 +585,23 @@ def test_quick_eagle3_training_writes_the_published_format_and_drafts_exactly(tm
         got = emitted(generate(lm.model, ids, GREEDY, 24, stop, lm.context_length, 0, make_drafter(str(out), lm), k,
                                tree=tree))
         assert got == want, (k, tree)
+
+
+def test_a_hub_id_in_the_hub_cache_is_found_offline(target, tmp_path, monkeypatch):
+    import shutil
+
+    import huggingface_hub
+
+    head = random_head(target)
+    folder = save_eagle3(head, tmp_path / "made", dtype="float32")
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--tiny-eagle3"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(rev)
+    shutil.copytree(folder, repo / "snapshots" / rev)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    drafter = make_drafter("someone/tiny-eagle3", target)
+    assert isinstance(drafter.head, Eagle3Head) and drafter.head.vocab_ids.tolist() == DRAFT_IDS
+    with pytest.raises(MlxspecError, match="unknown drafter 'someone/not-cached'"):
+        make_drafter("someone/not-cached", target)
