@@ -478,10 +478,14 @@ def export_draft(
 ) -> None:
     """Write a trained draft as a standalone mlx-lm model folder (embeddings included), usable
     as `mlx_lm.generate --draft-model OUT`."""
+    from mlxspec.targets.eagle3 import find_eagle3
     from mlxspec.targets.folders import export_mlx_lm, resolve_draft
     from mlxspec.targets.loading import load
     from mlxspec.targets.mlxlm import require_native
 
+    if find_eagle3(draft) is not None:  # before the target loads: nothing to convert
+        raise MlxspecError(f"{draft} is an EAGLE-3 head: it reads the target's hidden states, so it has no standalone "
+                           "mlx-lm form; vLLM and SGLang load its folder as it is (README, \"EAGLE-3 heads\")")
     check_out_folder(out)
     target = load(model, "float32")
     require_native(target, "export-draft")

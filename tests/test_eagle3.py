@@ -605,3 +605,28 @@ def test_a_hub_id_in_the_hub_cache_is_found_offline(target, tmp_path, monkeypatc
     assert isinstance(drafter.head, Eagle3Head) and drafter.head.vocab_ids.tolist() == DRAFT_IDS
     with pytest.raises(MlxspecError, match="unknown drafter 'someone/not-cached'"):
         make_drafter("someone/not-cached", target)
+
+
+def test_export_draft_says_an_eagle3_head_needs_no_conversion(target, tmp_path, monkeypatch):
+    from helpers import invoke, one_line_error
+
+    folder = save_eagle3(random_head(target), tmp_path / "e3", dtype="float32")
+    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("loaded a model for nothing"))
+    one_line_error(invoke("export-draft", "--draft", str(folder), "--out", str(tmp_path / "x")),
+                   r"is an EAGLE-3 head: .* vLLM and SGLang load its folder as it is")
+
+
+def test_a_kept_cache_serves_only_a_drafter_reading_the_same_states():
+    """Chat turns keep the target's cache with the hidden states of its tokens; a drafter that
+    reads other ones (the final state vs an EAGLE-3 head's taps) must prefill afresh."""
+    from mlxspec.core.cache import PromptCache
+
+    model = exact_llama(0)
+    for kept_kind, wanted, reused in [((0, 1), (0, 1), True), ((0, 1), True, False), (True, (0, 1), False),
+                                      ((0, 1), False, True)]:
+        kept = PromptCache()
+        cache = model.make_cache()
+        model(mx.array([[1, 2, 3]]), cache)
+        kept.keep(cache, [1, 2, 3], mx.zeros((3, 8)), kept_kind)
+        got, n = kept.take([1, 2, 3], wanted)
+        assert (got is not None and n == 3) == reused, (kept_kind, wanted)

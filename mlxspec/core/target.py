@@ -19,7 +19,7 @@ import mlx.core as mx
 class Capabilities:
     tree_masks: bool = False  # accepts an explicit (L, offset+L) mask and per-token positions
     partial_layers: bool = False  # can run only its first L blocks then norm + head (self:L)
-    hidden_states: bool = False  # can return the final hidden state of every position
+    hidden_states: bool = False  # can return the final hidden state of every position, or the states entering chosen blocks
 
 
 class Target(Protocol):
