@@ -20,6 +20,7 @@ the default blocks, so vLLM and SGLang tap the same blocks whichever way they re
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -203,8 +204,6 @@ def check_target(cfg: Eagle3Config, path: Path, target, tokenizer_sha256: str | 
 
 def load_eagle3(path: Path, target, dtype: mx.Dtype = mx.float32) -> Eagle3Head:
     """A published EAGLE-3 head wired to ``target`` (a ``LoadedModel`` run by our decoder)."""
-    from dataclasses import replace
-
     cfg, _ = read_eagle3_config(path, target.config.num_layers)
     weights = published_to_ours(read_weights(path))
     ids = vocabulary(cfg, weights, path)
