@@ -444,7 +444,7 @@ def train_draft(
     seed: int = typer.Option(0, help="Seed for data, initialisation, batch order and GRPO sampling."),
     quick: bool = typer.Option(False, "--quick", help="CI-sized run (~1-2 minutes): 12 prompts, 1 layer, 1024-token head, 40 steps."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary and per-step log as JSON to stdout."),
-    arch: str = typer.Option("draft", "--arch", help="draft (llama blocks on the target's embeddings) or eagle (one block reading the target's hidden states; see --examples-per-category)."),
+    arch: str = typer.Option("draft", "--arch", help="draft (llama blocks on the target's embeddings), eagle (one block reading the target's hidden states; see --examples-per-category) or eagle3 (an EAGLE-3 head on three of the target's layers, written in the published format vLLM and SGLang load; MLX only, no feature regression)."),
     examples_per_category: int = typer.Option(300, help="eagle: corpus examples per category (11 categories; see mlxspec/training/SOURCES.md)."),
     max_examples: Optional[int] = typer.Option(None, help="eagle: use only the first N corpus examples (categories interleaved)."),
     target_written: int = typer.Option(0, help="eagle: also train on the target's own answers (half greedy, half T=1) to the first N corpus prompts: the text it drafts along. Generated once and cached; fastest with --backend torch."),
@@ -456,8 +456,10 @@ def train_draft(
     """Train a draft for the target with an acceptance-aware loss. --arch draft: self-distillation,
     the target continues prompts from ../shared/data (Spec-Bench questions removed) and its
     distributions along them are the teacher. --arch eagle: a head that reads the target's hidden
-    states, trained on the target's features teacher-forced over a broad offline corpus. Data is
-    built once and cached."""
+    states, trained on the target's features teacher-forced over a broad offline corpus.
+    --arch eagle3: the same for an EAGLE-3 head (three of the target's layers fused), saved as
+    config.json + model.safetensors that vLLM and SGLang load unchanged. Data is built once and
+    cached."""
     flags = dict(locals())  # the parameters, one TrainOptions field each
     from mlxspec.training import run
 
@@ -509,10 +511,14 @@ def export_draft(
 ) -> None:
     """Write a trained draft as a standalone mlx-lm model folder (embeddings included), usable
     as `mlx_lm.generate --draft-model OUT`."""
+    from mlxspec.targets.eagle3 import find_eagle3
     from mlxspec.targets.folders import export_mlx_lm, resolve_draft
     from mlxspec.targets.loading import load
     from mlxspec.targets.mlxlm import require_native
 
+    if find_eagle3(draft) is not None:  # before the target loads: nothing to convert
+        raise MlxspecError(f"{draft} is an EAGLE-3 head: it reads the target's hidden states, so it has no standalone "
+                           "mlx-lm form; vLLM and SGLang load its folder as it is (README, \"EAGLE-3 heads\")")
     check_out_folder(out)
     target = load(model, "float32")
     require_native(target, "export-draft")

@@ -111,6 +111,44 @@ def damaged_folders(src: Path, weights_file: str, section: str, out: Path, rng: 
     return cases
 
 
+def eagle3_folders(out: Path) -> tuple[Path, Path]:
+    """A random EAGLE-3 head for the default target in the published layout, as
+    ``model.safetensors`` and as ``pytorch_model.bin`` (SafeAILab's)."""
+    import mlx.core as mx
+    import torch
+
+    from mlxspec.core.drafters.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+    from mlxspec.targets.eagle3 import save_eagle3
+
+    cfg = Eagle3Config(hidden_size=576, intermediate_size=256, num_heads=9, num_kv_heads=3, draft_vocab=256,
+                       target_vocab=49152, target_hidden=576, aux_layers=default_aux_layers(30))
+    head = Eagle3Head(cfg, mx.arange(0, 512, 2), embed=lambda t: t)  # the target's table is attached at load
+    st = save_eagle3(head, out / "eagle3-st")
+    pt = out / "eagle3-bin"
+    shutil.copytree(st, pt)
+    weights = mx.load(str(pt / "model.safetensors"))
+    torch.save({k: torch.from_numpy(__import__("numpy").array(v.astype(mx.float32) if v.dtype == mx.float16 else v))
+                for k, v in weights.items()}, pt / "pytorch_model.bin")
+    (pt / "model.safetensors").unlink()
+    return st, pt
+
+
+def damaged_bins(src: Path, out: Path, rng: random.Random) -> list[str]:
+    """An EAGLE-3 folder's ``pytorch_model.bin`` (a zip torch.load reads with weights_only)
+    cut short or with bytes changed."""
+    data = (src / "pytorch_model.bin").read_bytes()
+    cases = []
+    for i in range(6):
+        d = out / f"{src.name}-bin{i}"
+        shutil.copytree(src, d)
+        damaged = bytearray(data[: rng.randrange(0, len(data))] if i < 2 else data)
+        if i >= 2:
+            flip(damaged, rng, 0, len(damaged), rng.randint(1, 20))
+        (d / "pytorch_model.bin").write_bytes(bytes(damaged))
+        cases.append(f"head {d}")
+    return cases
+
+
 @pytest.mark.model
 def test_damaged_model_files_are_one_line_errors(tmp_path):
     gguf = store.entry(store.default_target()).path
@@ -118,6 +156,11 @@ def test_damaged_model_files_are_one_line_errors(tmp_path):
     cases = (damaged_ggufs(gguf, tmp_path, rng)
              + damaged_folders(MODELS / "smollm2-135m-eagle", "head.safetensors", "head", tmp_path, rng)
              + damaged_folders(MODELS / "smollm2-135m-draft", "draft.safetensors", "draft", tmp_path, rng))
+    st, pt = eagle3_folders(tmp_path)
+    intact = len(cases)
+    cases += [f"head {st}", f"head {pt}"]  # undamaged: these load
+    cases += damaged_folders(st, "model.safetensors", "num_hidden_layers", tmp_path, rng)
+    cases += damaged_bins(pt, tmp_path, rng)
     run = subprocess.run([sys.executable, "-c", CHILD], input="\n".join(cases), capture_output=True, text=True,
                          timeout=600)
     lines = run.stdout.splitlines()
@@ -126,4 +169,5 @@ def test_damaged_model_files_are_one_line_errors(tmp_path):
     assert len(lines) == len(cases)
     bad = [f"{case}: {line}" for case, line in zip(cases, lines) if not line.startswith(("ok", "error: "))]
     assert not bad, "\n".join(bad)
+    assert lines[intact : intact + 2] == ["ok", "ok"], lines[intact : intact + 2]
     assert sum(line.startswith("error: ") for line in lines) >= len(cases) // 2  # the damage was seen

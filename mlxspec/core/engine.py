@@ -176,12 +176,12 @@ def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
 
 
 def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
-            key: Any, want_hidden: bool, tails: tuple[Any, Any] | None) -> tuple[Any, Any, Any, Any]:
+            key: Any, want_hidden: bool | tuple[int, ...], tails: tuple[Any, Any] | None) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, d_1..d_m]: how many drafts it keeps, its next token, and its
     hidden states and (processed, with ``tails``) logits of the pass (lazy)."""
     draft = proposal.tokens
     out = model(ops.concatenate([ops.tokens([y]), draft])[None], cache,
-                **({"return_hidden": True} if want_hidden else {}))
+                **({"return_hidden": want_hidden} if want_hidden else {}))
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
     if tails is not None:
         logits = ops.process_logits(logits, *tails, params)
@@ -194,7 +194,7 @@ def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Propo
 
 
 def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: int, proposal: Proposal,
-                 params: SamplingParams, key: Any, want_hidden: bool,
+                 params: SamplingParams, key: Any, want_hidden: bool | tuple[int, ...],
                  tails: tuple[Any, Any] | None) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, tree nodes], ``offset`` committed tokens cached before y: the
     last accepted node (-1: none), the next token and the hidden states and logits of the pass
@@ -204,7 +204,7 @@ def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: in
     mask, positions = verify_mask(parents, offset), verify_positions(parents, offset)
     out = model(ops.concatenate([ops.tokens([y]), proposal.tokens])[None], cache,
                 mask=ops.from_numpy(mask), positions=ops.from_numpy(positions),
-                **({"return_hidden": True} if want_hidden else {}))
+                **({"return_hidden": want_hidden} if want_hidden else {}))
     logits, hidden = (out[0][0], out[1][0]) if want_hidden else (out[0], None)
     if tails is not None:  # row 1 + i with node i's own ancestry
         logits = ops.process_logits(logits, *tails, params)
@@ -331,7 +331,8 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
         raise
     finally:  # also when the consumer stops early: at every yield the cache holds history[:-1]
         if kept is not None:
-            kept.keep(cache, history[:-1], ops.concatenate(held_hidden) if held_hidden else None)
+            kept.keep(cache, history[:-1], ops.concatenate(held_hidden) if held_hidden else None,
+                      drafter.wants_hidden)
 
     end = time.perf_counter()
     yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),
@@ -352,7 +353,7 @@ def _draft(ops: ModuleType, drafter: Drafter, history: list[int], room: int, tre
 
 
 def _decide(ops: ModuleType, model: Target, cache: list, history: list[int], proposal: Proposal,
-            drafted: list[int], params: SamplingParams, key: Any, want_hidden: bool, node_stats: bool,
+            drafted: list[int], params: SamplingParams, key: Any, want_hidden: bool | tuple[int, ...], node_stats: bool,
             logprobs: int | None) -> tuple[list[int], int, Any, tuple, tuple]:
     """One target pass over [y, proposal] (y = ``history[-1]``, not yet cached): the accepted
     path (indices into the proposal), the target's next token, the pass's hidden states (lazy),

@@ -444,21 +444,27 @@ class CpuPath:
         n = mx.fast.rms_norm(h, norm_w, self.cfg.rms_norm_eps)
         return h + (nn.silu(n @ gate_w.T) * (n @ up_w.T)) @ down_w.T
 
-    def layers(self, blocks: list[Block], h: mx.array, cache: list[KVCache], mask, positions) -> mx.array:
+    def layers(self, blocks: list[Block], h: mx.array, cache: list[KVCache], mask, positions,
+               taps: tuple[int, ...] = ()) -> tuple[mx.array, list[mx.array]]:
+        """The blocks' output, and the residual stream entering each block index in ``taps``
+        (``len(blocks)``: the last block's output, before the final norm)."""
         c = self.cfg
         L, offset = h.shape[1], cache[0].offset
         if isinstance(mask, str):  # causal over the cache, as a boolean array built once
             mask = None if L == 1 else causal_mask(L, offset)
         cos, sin = rope_tables(c, L, offset, positions, h.dtype, self.rope)
         before, after = self.compiled if L <= self.compile_max_tokens else (self.before_attention, self.after_attention)
-        for b, kv in zip(blocks, cache):
+        tapped = []
+        for i, (b, kv) in enumerate(zip(blocks, cache)):
+            if i in taps:
+                tapped.append(h)
             a, m = b.self_attn, b.mlp
             q, k, v = before(h, b.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, cos, sin)
             k, v = kv.update_and_fetch(k, v)
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=c.head_dim**-0.5, mask=mask)
             h = after(h, out, a.o_proj.weight, b.post_attention_layernorm.weight, m.gate_proj.weight,
                       m.up_proj.weight, m.down_proj.weight)
-        return h
+        return h, tapped + ([h] if len(blocks) in taps else [])
 
 
 class Llama(nn.Module):
@@ -467,7 +473,10 @@ class Llama(nn.Module):
     ``mask``: None (one token), "causal", or an additive/boolean (L, offset+L) array.
     ``positions``: None (offset .. offset+L-1 from the cache) or an (L,) array.
     ``num_layers``: run only the first N blocks, then the final norm and head (self-speculation).
-    ``return_hidden``: also return the normed hidden states the head reads (B, L, D).
+    ``return_hidden``: also return the normed hidden states the head reads (B, L, D); or, given
+    block indices (``aux_layers``), the residual stream entering each of those blocks (index
+    ``num_layers``: the last block's output, before the final norm), concatenated in ascending
+    order of index (B, L, n*D): what an EAGLE-3 head reads.
     """
 
     capabilities = Capabilities(tree_masks=True, partial_layers=True, hidden_states=True)
@@ -504,16 +513,19 @@ class Llama(nn.Module):
         return [KVCache() for _ in self.layers]
 
     def _blocks(self, h: mx.array, cache: list[KVCache] | None, mask, positions,
-                num_layers: int | None) -> mx.array:
+                num_layers: int | None, taps: tuple[int, ...] = ()) -> tuple[mx.array, list[mx.array]]:
         blocks = self.layers[:num_layers]
         caches = cache or [None] * len(blocks)
         window = self.cfg.sliding_window
         if window is not None and any(b.sliding for b in blocks):
             offset = 0 if not cache else cache[0].offset
             near = window_mask(mask, h.shape[1], offset, positions, window)
-        for layer, c in zip(blocks, caches):
+        tapped = []
+        for i, (layer, c) in enumerate(zip(blocks, caches)):
+            if i in taps:
+                tapped.append(h)
             h = layer(h, near if layer.sliding else mask, c, positions)
-        return h
+        return h, tapped + ([h] if len(blocks) in taps else [])
 
     def __call__(
         self,
@@ -522,21 +534,24 @@ class Llama(nn.Module):
         mask: mx.array | str | None = None,
         positions: mx.array | None = None,
         num_layers: int | None = None,
-        return_hidden: bool = False,
+        return_hidden: bool | tuple[int, ...] = False,
     ) -> mx.array | tuple[mx.array, mx.array]:
         cfg = self.cfg
         if mask is None and tokens.shape[1] > 1:
             mask = "causal"
+        taps = tuple(sorted(set(return_hidden))) if isinstance(return_hidden, tuple) else ()
         h = self.model.embed_tokens(tokens)
         if cfg.embed_scale is not None:
             h = h * cfg.embed_scale
         path = self.cpu_path() if cache else None  # no cache: training or scoring, the blocks' own path
         if path is not None:
-            h = path.layers(self.layers[:num_layers], h, cache, mask, positions)
+            h, tapped = path.layers(self.layers[:num_layers], h, cache, mask, positions, taps)
         else:
-            h = self._blocks(h, cache, mask, positions, num_layers)
+            h, tapped = self._blocks(h, cache, mask, positions, num_layers, taps)
         h = self.model.norm(h)
         logits = self.model.embed_tokens.as_linear(h) if cfg.tie_embeddings else self.lm_head(h)
         if cfg.final_softcap:
             logits = mx.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        if taps:
+            return logits, mx.concatenate(tapped, axis=-1)
         return (logits, h) if return_hidden else logits

@@ -14,22 +14,24 @@ PREFILL_CHUNK = 512
 
 
 def prefill(
-    model: Target, cache: list, ids: list[int], num_layers: int | None = None, return_hidden: bool = False
+    model: Target, cache: list, ids: list[int], num_layers: int | None = None,
+    return_hidden: bool | tuple[int, ...] = False,
 ) -> mx.array | tuple[mx.array, mx.array]:
     """Run the prompt ``ids`` through ``model`` in chunks; return the logits of the last
-    position and, with ``return_hidden``, the hidden states of every position (L, D)."""
+    position and, with ``return_hidden``, the hidden states of every position (L, D), or of
+    the blocks it names (``Target``)."""
     return chunked(model, cache, ids, num_layers, return_hidden, lambda chunk: mx.array([chunk], mx.int32),
                    mx.concatenate, lambda cache, hidden: mx.eval([c.state for c in cache], hidden))
 
 
-def chunked(model: Any, cache: list, ids: list[int], num_layers: int | None, return_hidden: bool,
+def chunked(model: Any, cache: list, ids: list[int], num_layers: int | None, return_hidden: bool | tuple[int, ...],
             batch: Callable[[list[int]], Any], concatenate: Callable[[list[Any]], Any],
             settle: Callable[[list, list], None] | None = None) -> Any:
     """``prefill`` on any backend: ``batch`` makes a (1, n) token array of a chunk,
     ``concatenate`` joins the hidden states, ``settle(cache, hidden)`` (MLX: evaluate) runs after
     each full chunk so a long prompt never builds one huge graph."""
     # Models that cannot return hidden states (a trained draft) are never asked to.
-    kw = {"return_hidden": True} if return_hidden else {}
+    kw = {"return_hidden": return_hidden} if return_hidden else {}
     hidden = []
     tail = len(ids) - (len(ids) - 1) % PREFILL_CHUNK - 1  # the last chunk holds 1..PREFILL_CHUNK ids
     for start in range(0, tail, PREFILL_CHUNK):

@@ -21,12 +21,18 @@ UNLIMITED = 1 << 62
 
 @dataclass
 class Entry:
-    """Tokens, the cache holding exactly them, and their final hidden states (only when a
-    drafter that reads them ran)."""
+    """Tokens, the cache holding exactly them, and their hidden states (only when a drafter
+    that reads them ran) of the kind ``hidden_kind`` names: the drafter's ``wants_hidden``, the
+    final state (True) or those entering some blocks (their indices, an EAGLE-3 head)."""
 
     cache: list[Any]
     tokens: list[int]
     hidden: Any = None
+    hidden_kind: bool | tuple[int, ...] = False
+
+    def serves(self, want_hidden: bool | tuple[int, ...]) -> bool:
+        """Whether a drafter wanting ``want_hidden`` can start from this entry's hidden states."""
+        return not want_hidden or (self.hidden is not None and self.hidden_kind == want_hidden)
 
     @property
     def nbytes(self) -> int:
@@ -95,7 +101,7 @@ class PromptCache:
         del self.entries[i]
         self._total -= self._bytes.pop(i)
 
-    def take(self, head: Sequence[int], want_hidden: bool) -> Reuse:
+    def take(self, head: Sequence[int], want_hidden: bool | tuple[int, ...]) -> Reuse:
         """A cache cut back to the longest prefix some entry shares with ``head``. An entry that
         ``head`` extends is handed over (the call ``keep``s it again, longer); one that holds
         more than the shared prefix (another branch of a conversation, another client with the
@@ -104,7 +110,7 @@ class PromptCache:
         best, n = None, 0
         for e in self.entries:
             m = common_prefix(e.tokens, head)
-            usable = (not want_hidden or e.hidden is not None) and (m == len(e.tokens) or e.trimmable)
+            usable = e.serves(want_hidden) and (m == len(e.tokens) or e.trimmable)
             if usable and m > n:
                 best, n = e, m
         if best is None:
@@ -122,16 +128,17 @@ class PromptCache:
         rewind(cache, len(best.tokens) - n)
         return Reuse(cache, n, best.hidden[:n] if want_hidden else None)
 
-    def keep(self, cache: list[Any], tokens: Sequence[int], hidden: Any = None) -> None:
+    def keep(self, cache: list[Any], tokens: Sequence[int], hidden: Any = None,
+             hidden_kind: bool | tuple[int, ...] = False) -> None:
         """Store ``cache`` holding ``tokens`` as the most recent entry. Entries it makes
         redundant (the same tokens, or a prefix of them, which it can serve by trimming) go;
         then the least recently used until both limits hold (the new one too, if it alone is
         over the byte limit)."""
-        new = Entry(cache, list(tokens), hidden)
+        new = Entry(cache, list(tokens), hidden, hidden_kind if hidden is not None else False)
         for i in reversed(range(len(self.entries))):
             e = self.entries[i]
             if e.tokens == new.tokens or (new.trimmable and new.tokens[: len(e.tokens)] == e.tokens
-                                          and (hidden is not None or e.hidden is None)):
+                                          and (e.hidden is None or new.serves(e.hidden_kind))):
                 self._drop(i)
         self.entries.append(new)
         self._bytes.append(new.nbytes)

@@ -19,7 +19,7 @@ import mlx.core as mx
 class Capabilities:
     tree_masks: bool = False  # accepts an explicit (L, offset+L) mask and per-token positions
     partial_layers: bool = False  # can run only its first L blocks then norm + head (self:L)
-    hidden_states: bool = False  # can return the final hidden state of every position
+    hidden_states: bool = False  # can return the final hidden state of every position, or the states entering chosen blocks
 
 
 class Target(Protocol):
@@ -35,7 +35,9 @@ class Target(Protocol):
         mask: mx.array | str | None = None,
         positions: mx.array | None = None,
         num_layers: int | None = None,
-        return_hidden: bool = False,
+        return_hidden: bool | tuple[int, ...] = False,
     ) -> mx.array | tuple[mx.array, mx.array]:
         """Logits (B, L, V) for ``tokens`` (B, L); with ``return_hidden`` also the final
-        (normed) hidden states (B, L, D) the head reads."""
+        (normed) hidden states (B, L, D) the head reads, or, given block indices, the residual
+        stream entering each of those blocks concatenated in ascending order (B, L, n*D): index
+        0 is the embedding's output, index ``num_layers`` the last block's (before the norm)."""

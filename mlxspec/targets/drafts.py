@@ -11,6 +11,7 @@ from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
+from mlxspec.targets.eagle3 import find_eagle3, load_eagle3
 from mlxspec.targets.folders import find_draft, find_head, load_draft, load_head
 from mlxspec.targets.loading import load, resolve
 from mlxspec.targets.tokenizer import check_compatible
@@ -45,15 +46,15 @@ def check_draft_spec(spec: str) -> None:
         if not spec.partition(":")[2].isdigit():
             raise MlxspecError(f"bad drafter {spec!r}: expected self:L with L an integer")
         return
-    if find_draft(spec) is not None or find_head(spec) is not None:
+    if find_draft(spec) is not None or find_head(spec) is not None or find_eagle3(spec) is not None:
         return
     try:
         resolve(spec)
     except MlxspecError:
         shipped = ", ".join(d["name"] for d in store.drafts())
         raise MlxspecError(f"unknown drafter {spec!r}: not one of {KINDS}, a shipped draft ({shipped}), a trained "
-                           "draft or head folder, or a draft model (.gguf file, model folder, or hub id in the hub "
-                           "cache)") from None
+                           "draft or head folder, an EAGLE-3 head (folder or hub id in the hub cache), or a draft "
+                           "model (.gguf file, model folder, or hub id in the hub cache)") from None
 
 
 def _require(target, able: bool, feature: str) -> None:
@@ -64,7 +65,8 @@ def _require(target, able: bool, feature: str) -> None:
 
 def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     """``default``, ``none``, ``ngram[:N]``, ``suffix[:N]``, ``self:L``, a registry draft name, a trained
-    draft or eagle-head folder, or a draft model path (``LoadedModel`` target)."""
+    draft or eagle-head folder, a published EAGLE-3 head (folder or cached hub id), or a draft
+    model path (``LoadedModel`` target)."""
     if spec in ("none", ""):
         return None
     if getattr(target, "backend", "mlx") != "mlx":  # made for the MLX model the weights came from, then moved
@@ -95,6 +97,10 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     if head is not None:
         _require(target, caps.hidden_states, f"the eagle head {spec!r} (it reads the target's hidden states)")
         return EagleDrafter(load_head(head, target, draft_float_dtype(target)), spec)
+    eagle3 = find_eagle3(spec)
+    if eagle3 is not None:
+        _require(target, caps.hidden_states, f"the EAGLE-3 head {spec!r} (it reads the target's hidden states)")
+        return EagleDrafter(load_eagle3(eagle3, target, draft_float_dtype(target)), spec)
     check_draft_spec(spec)
     draft = load(spec, dtype)
     check_compatible(target.tokenizer, draft.tokenizer)

@@ -10,12 +10,13 @@ import torch
 
 from mlxspec.core.drafters import ModelDrafter, NgramDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
+from mlxspec.core.drafters.eagle3 import Eagle3Head
 from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.core.model import Llama as MlxLlama
 from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import default_dtype, pick_device
 from mlxspec.torchpath import ops as torch_ops
-from mlxspec.torchpath.model import DTYPES, DraftModel, EagleHead as TorchEagleHead, Llama
+from mlxspec.torchpath.model import DTYPES, DraftModel, Eagle3Head as TorchEagle3Head, EagleHead as TorchEagleHead, Llama
 from mlxspec.torchpath.threads import ThreadGovernor
 
 
@@ -49,9 +50,11 @@ def drafter_on_torch(drafter: Any, target: Any) -> Any:
     if isinstance(drafter, SuffixDrafter):
         return SuffixDrafter(drafter.n, drafter.min_n, drafter.max_tokens, drafter.min_prob, ops=torch_ops)
     if isinstance(drafter, EagleDrafter):
-        if not isinstance(drafter.head, EagleHead):
+        twins = {EagleHead: TorchEagleHead, Eagle3Head: TorchEagle3Head}
+        twin = twins.get(type(drafter.head))
+        if twin is None:
             raise MlxspecError(f"cannot move drafter {drafter.name!r} to torch")
-        return EagleDrafter(TorchEagleHead.from_mlx(drafter.head, model), drafter.name)
+        return EagleDrafter(twin.from_mlx(drafter.head, model), drafter.name)
     if isinstance(drafter, ModelDrafter):
         draft = drafter.model
         if draft is target.source.model:  # self:L: the target's own first layers

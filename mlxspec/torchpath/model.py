@@ -201,7 +201,10 @@ class Llama(nn.Module):
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
 
-    def blocks(self, h: torch.Tensor, cache, mask, positions, num_layers: int | None = None) -> torch.Tensor:
+    def blocks(self, h: torch.Tensor, cache, mask, positions, num_layers: int | None = None,
+               taps: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The blocks' output and the residual stream entering each block index in ``taps``
+        (``core.model.Llama``'s ``return_hidden`` with block indices)."""
         threads = getattr(self, "threads", None)  # the draft model shares these blocks, not the governor
         if threads is not None:
             threads.tick()
@@ -209,18 +212,25 @@ class Llama(nn.Module):
         mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
         cos, sin = self.rope.tables(positions, h.dtype)
         layers = self.layers[:num_layers]
-        for layer, c in zip(layers, cache or [None] * len(layers)):
+        tapped = []
+        for i, (layer, c) in enumerate(zip(layers, cache or [None] * len(layers))):
+            if i in taps:
+                tapped.append(h)
             h = layer(h, mask, c, self.rope, cos, sin)
-        return h
+        return h, tapped + ([h] if len(layers) in taps else [])
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.model.embed_tokens.weight.T if self.cfg.tie_embeddings else self.lm_head(h)
 
     def forward(self, tokens: torch.Tensor, cache: list[KVCache] | None, mask=None, positions=None,
-                num_layers: int | None = None, return_hidden: bool = False):
-        h = self.blocks(self.model.embed_tokens(tokens.to(self.device)), cache, mask, positions, num_layers)
+                num_layers: int | None = None, return_hidden: bool | tuple[int, ...] = False):
+        taps = tuple(sorted(set(return_hidden))) if isinstance(return_hidden, tuple) else ()
+        h, tapped = self.blocks(self.model.embed_tokens(tokens.to(self.device)), cache, mask, positions, num_layers,
+                                taps)
         h = self.model.norm(h)
         logits = self.head(h)
+        if taps:
+            return logits, torch.cat(tapped, dim=-1)
         return (logits, h) if return_hidden else logits
 
 
@@ -295,6 +305,7 @@ class EagleHead(nn.Module):
     features, logits over ``vocab_ids``)."""
 
     ops = ops
+    wants_hidden = True
 
     def __init__(self, cfg: Any, target: Llama):
         super().__init__()
@@ -328,6 +339,75 @@ class EagleHead(nn.Module):
     def forward(self, features, tokens, cache=None, mask=None, positions=None):
         pred = self.predict(features, tokens, cache, mask, positions)
         return pred, self.lm_head(pred)
+
+    def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
+        return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab)
+
+
+class Eagle3Layer(nn.Module):
+    """``core.drafters.eagle3.Eagle3Layer`` for torch."""
+
+    def __init__(self, cfg: Any):
+        super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
+        d, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.self_attn = Attention(cfg.attention_config())
+        self.self_attn.o_proj = nn.Linear(cfg.num_heads * cfg.dims_per_head, d, bias=cfg.attention_bias)
+        self.mlp = MLP(cfg.mlp_config())
+        self.input_layernorm, self.hidden_norm = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.post_attention_layernorm = RMSNorm(d, eps)
+
+    def forward(self, embeds, hidden, mask, cache, rope: Rope, cos, sin) -> torch.Tensor:
+        normed = self.hidden_norm(hidden)
+        res = normed if self.norm_before_residual else hidden
+        h = res + self.self_attn(torch.cat([self.input_layernorm(embeds), normed], dim=-1), mask, cache, rope, cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    """``core.drafters.eagle3.Eagle3Head`` for torch: (features, next tokens) -> (the head's
+    next feature, logits over its draft vocabulary)."""
+
+    ops = ops
+
+    def __init__(self, cfg: Any, target: Llama):
+        super().__init__()
+        self.cfg = cfg
+        if cfg.own_embedding:
+            self.embed_tokens = nn.Embedding(cfg.target_vocab, cfg.hidden_size)
+        self.fc = nn.Linear(cfg.fc_in, cfg.hidden_size, bias=cfg.fc_bias)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab, bias=False)
+        self.rope = Rope(cfg.attention_config(), str(target.device))
+        self.target = [target]
+
+    @classmethod
+    def from_mlx(cls, head: Any, target: Llama) -> Eagle3Head:
+        return _reduced_twin(cls(head.cfg, target), head, target)
+
+    @property
+    def wants_hidden(self) -> tuple[int, ...]:
+        return self.cfg.aux_layers
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache()]
+
+    def predict(self, features, tokens, cache=None, mask=None, positions=None) -> torch.Tensor:
+        h = self.fc(features) if features.shape[-1] == self.cfg.fc_in else features
+        table = self.embed_tokens if self.cfg.own_embedding else self.target[0].model.embed_tokens
+        e = table(tokens.to(h.device)).to(h.dtype)
+        offset = cache[0].offset if cache else 0
+        mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
+        cos, sin = self.rope.tables(positions, h.dtype)
+        return self.midlayer(e, h, mask, None if cache is None else cache[0], self.rope, cos, sin)
+
+    def logits(self, pred: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(pred))
+
+    def forward(self, features, tokens, cache=None, mask=None, positions=None):
+        pred = self.predict(features, tokens, cache, mask, positions)
+        return pred, self.logits(pred)
 
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
         return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab)

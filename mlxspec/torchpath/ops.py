@@ -76,7 +76,7 @@ def split(key: int, n: int) -> list[int]:
 
 
 def prefill(model: Any, cache: list, ids: list[int], num_layers: int | None = None,
-            return_hidden: bool = False) -> Any:
+            return_hidden: bool | tuple[int, ...] = False) -> Any:
     """``core.prefill.prefill`` for torch: the prompt in chunks, the last position's logits
     and, with ``return_hidden``, the hidden states of every position (L, D)."""
     return chunked(model, cache, ids, num_layers, return_hidden, lambda chunk: tokens(chunk)[None], torch.cat)

@@ -9,6 +9,10 @@ to t-j+1, then its own step-i slot t-j+i for i = 2..j (``unroll_mask``).
 The loss per step is the token loss (``kl``, or ``eal``/``wtv`` blended with KL early, over the
 chain of K drafts that starts at each slot) plus a smooth-L1 regression of the predicted feature
 onto the target's real next feature.
+
+An EAGLE-3 head (``core/drafters/eagle3.py``) trains the same way on the states of the blocks it
+taps (``FeatureSet.aux``), with the token loss alone: its output is not in the target's feature
+space, so there is nothing to regress it onto (the EAGLE-3 recipe drops that term too).
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxspec.core.drafters.eagle import EagleHead
+from mlxspec.core.drafters.eagle3 import Eagle3Head
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
+from mlxspec.targets.eagle3 import SAFETENSORS, save_eagle3
 from mlxspec.targets.folders import CARD_LICENCE, save_head
 from mlxspec.training import losses as L
 from mlxspec.training.corpus import build_corpus
@@ -133,8 +139,9 @@ def make_batch(data: FeatureSet, rows: np.ndarray, context: int, rng: np.random.
     x_{t+1}, and is trained on position t+1 (the target's next feature, its argmax as a head
     column, -1 outside the head) when the token it predicts, x_{t+2}, is a response token."""
     off = data.offsets
+    inputs = data.features if data.aux is None else data.aux  # what the head reads: an EAGLE-3 head its taps
     B, D = len(rows), data.features.shape[1]
-    feats = np.zeros((B, context, D), np.float16)
+    feats = np.zeros((B, context, inputs.shape[1]), np.float16)
     nxt_feats = np.zeros((B, context, D), np.float16)
     tokens = np.zeros((B, context), np.int32)
     lse = np.zeros((B, context), np.float32)
@@ -147,7 +154,7 @@ def make_batch(data: FeatureSet, rows: np.ndarray, context: int, rng: np.random.
         m = max(0, min(context, n - 1 - start))
         sl = slice(lo + start, lo + start + m)
         nx = slice(lo + start + 1, lo + start + 1 + m)
-        feats[b, :m], tokens[b, :m] = data.features[sl], data.tokens[nx]
+        feats[b, :m], tokens[b, :m] = inputs[sl], data.tokens[nx]
         nxt_feats[b, :m], lse[b, :m], cols[b, :m] = data.features[nx], data.lse[nx], col_of[data.argmax[nx]]
         slots = np.arange(start, start + m)
         mask[b, :m] = (slots + 2 >= rs) & (slots + 2 < n)
@@ -171,15 +178,19 @@ def objectives(head: EagleHead, batch: dict[str, mx.array], cfg: EagleTrainConfi
     teacher = mx.stop_gradient(target @ batch["teacher_rows"].T - flat(batch["lse"])[..., None])
     cols = flat(batch["cols"])
     kls, feat_losses, accepts = [], [], []
+    regress = not isinstance(head, Eagle3Head)  # an EAGLE-3 head's output is in its own space
     for j, pred in enumerate(unroll(head, batch["features"].astype(mx.float32), batch["tokens"], cfg.k)):
         mask = flat(batch["mask"] * (mx.arange(length) >= j)[None, :])
-        p, z = flat(pred), head.lm_head(flat(pred))
+        p, z = flat(pred), head.logits(flat(pred))
         if cfg.loss == "kl" or lam > 0:
             kls.append(L.kl_loss(teacher, z, cfg.temp, mask))
         elif j == 0:
             kls.append(mx.stop_gradient(L.kl_loss(teacher, z, cfg.temp, mask)))
-        huber = nn.losses.smooth_l1_loss(p, target, reduction="none").mean(axis=-1)
-        feat_losses.append((huber * mask).sum() / mx.maximum(mask.sum(), 1.0))
+        if regress:
+            huber = nn.losses.smooth_l1_loss(p, target, reduction="none").mean(axis=-1)
+            feat_losses.append((huber * mask).sum() / mx.maximum(mask.sum(), 1.0))
+        else:
+            feat_losses.append(mx.zeros(()))
         a = L.eal_acceptance(z, cols, mask) if cfg.loss == "eal" else L.wtv_acceptance(teacher, z, cfg.temp, mask)
         accepts.append(mx.zeros((B * length,), a.dtype).at[rows].add(a[0]).reshape(B, length))
     kl, feat = sum(kls) / len(kls), sum(feat_losses) / cfg.k
@@ -227,7 +238,10 @@ def _save_checkpoint(out: Path, head: EagleHead, stepper, step: int, cfg: EagleT
                      history: list[EagleStepLog]) -> None:
     ck = out / CHECKPOINT
     stepper.sync()
-    save_head(head, ck, dtype="float32")
+    if isinstance(head, Eagle3Head):
+        save_eagle3(head, ck, dtype="float32")
+    else:
+        save_head(head, ck, dtype="float32")
     stepper.save_optimizer(ck)
     (ck / "state.json").write_text(json.dumps({"step": step, "train": asdict(cfg), "backend": stepper.name,
                                                "history": [asdict(h) for h in history]}))
@@ -245,8 +259,9 @@ def _resume(out: Path, head: EagleHead, cfg: EagleTrainConfig, backend: str) -> 
     if state.get("backend", "mlx") != backend:
         raise MlxspecError(f"--resume: the checkpoint was trained on {state.get('backend', 'mlx')}, "
                            f"not {backend} (its optimiser state is that backend's)")
-    w = mx.load(str(ck / "head.safetensors"))
-    w.pop("vocab_ids")
+    w = mx.load(str(ck / (SAFETENSORS if isinstance(head, Eagle3Head) else "head.safetensors")))
+    for derived in ("vocab_ids", "d2t", "t2d"):  # the vocabulary, which the fresh head already has
+        w.pop(derived, None)
     head.load_weights(list(w.items()), strict=True)
     return state["step"], [EagleStepLog(**h) for h in state["history"]]
 
@@ -311,10 +326,12 @@ def corpus_examples(per_category: int, seed: int) -> tuple[list, dict[str, int]]
 
 
 def prepare_features(target, per_category: int, max_examples: int | None, seed: int, max_tokens: int,
-                     target_written: int = 0, progress: Callable[[str, int, int], None] | None = None) -> FeatureSet:
+                     target_written: int = 0, progress: Callable[[str, int, int], None] | None = None,
+                     taps: tuple[int, ...] = ()) -> FeatureSet:
     """Teacher-forced target features over the corpus (the first ``max_examples`` of it, when
     given, categories still balanced) and over the target's own answers to the first
-    ``target_written`` of its prompts (``written.py``), cached in ``$MLXSPEC_HOME/eagle-data``."""
+    ``target_written`` of its prompts (``written.py``), cached in ``$MLXSPEC_HOME/eagle-data``;
+    with ``taps``, also the states entering those blocks (an EAGLE-3 head's input)."""
     if per_category < 1 or (max_examples is not None and max_examples < 1) or target_written < 0:
         raise MlxspecError("--examples-per-category and --max-examples must be >= 1, --target-written >= 0")
     examples, _ = corpus_examples(per_category, seed)
@@ -323,7 +340,7 @@ def prepare_features(target, per_category: int, max_examples: int | None, seed: 
                            f"at --examples-per-category {per_category}")
     cache = store.home() / "eagle-data"
     report = (lambda i, n: progress("features", i, n)) if progress else None
-    data = build(target, examples[:max_examples], cache, max_tokens=max_tokens, progress=report)
+    data = build(target, examples[:max_examples], cache, max_tokens=max_tokens, progress=report, taps=taps)
     if not target_written:
         return data
     report = (lambda i, n: progress("target answers", i, n)) if progress else None
@@ -331,7 +348,7 @@ def prepare_features(target, per_category: int, max_examples: int | None, seed: 
                                seed=seed, max_prompt=max_tokens // 2, progress=report)
     # Built as a set of its own, so its shards do not depend on how many corpus examples precede it.
     report = (lambda i, n: progress("features of the target's answers", i, n)) if progress else None
-    own = build(target, answers, cache, max_tokens=max_tokens, progress=report)
+    own = build(target, answers, cache, max_tokens=max_tokens, progress=report, taps=taps)
     meta = {**data.meta, "target_written": target_written, "written_key": own.meta["key"]}
     both = FeatureSet.concat([data, own], meta)
     both.meta["tokens_per_category"] = both.tokens_per_category()

@@ -45,6 +45,9 @@ class FeatureSet:
     response_start: np.ndarray  # (E,) index of the first response token in each example
     categories: list[str]
     meta: dict[str, Any] = field(default_factory=dict)
+    # (N, n*D) float16: the residual stream entering the tapped blocks (an EAGLE-3 head's input),
+    # only in sets built with ``taps``
+    aux: np.ndarray | None = None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -65,7 +68,8 @@ class FeatureSet:
         tmp = path.with_suffix(".partial.npz")
         np.savez(tmp, tokens=self.tokens, features=self.features, lse=self.lse, argmax=self.argmax,
                  lengths=self.lengths, response_start=self.response_start,
-                 categories=np.array(self.categories), meta=json.dumps(self.meta))
+                 categories=np.array(self.categories), meta=json.dumps(self.meta),
+                 **({} if self.aux is None else {"aux": self.aux}))
         tmp.replace(path)
         return path
 
@@ -74,7 +78,8 @@ class FeatureSet:
         try:
             z = np.load(path)
             return cls(z["tokens"], z["features"], z["lse"], z["argmax"], z["lengths"], z["response_start"],
-                       [str(c) for c in z["categories"]], json.loads(str(z["meta"])))
+                       [str(c) for c in z["categories"]], json.loads(str(z["meta"])),
+                       z["aux"] if "aux" in z.files else None)
         except (OSError, KeyError, ValueError) as e:
             raise MlxspecError(f"{path}: not a feature set ({e})") from None
 
@@ -82,9 +87,10 @@ class FeatureSet:
     def concat(cls, parts: Sequence[FeatureSet], meta: dict[str, Any]) -> FeatureSet:
         if not parts:
             raise MlxspecError("no examples: the feature set is empty")
+        aux = np.concatenate([p.aux for p in parts]) if all(p.aux is not None for p in parts) else None
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in
                      ("tokens", "features", "lse", "argmax", "lengths", "response_start")),
-                   [c for p in parts for c in p.categories], meta)
+                   [c for p in parts for c in p.categories], meta, aux)
 
 
 def encode_example(tokenizer, prompt: str, response: str, max_tokens: int = MAX_TOKENS) -> tuple[list[int], int]:
@@ -97,15 +103,18 @@ def encode_example(tokenizer, prompt: str, response: str, max_tokens: int = MAX_
     return head + body, len(head)
 
 
-def teacher_pass(model, seqs: Sequence[list[int]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def teacher_pass(model, seqs: Sequence[list[int]], taps: tuple[int, ...] = ()) -> list[tuple[np.ndarray, ...]]:
     """One batched target pass over right-padded ``seqs``: per example its features (float16),
     logsumexp and argmax at every real position (padding sits after them, so causal attention
-    keeps it out of every real row). ``model`` may be the torch twin of the target (the same
-    weights: ~1.9x the positions per second of MLX's CPU backend here, BENCHMARKS.md §15)."""
+    keeps it out of every real row), and with ``taps`` (MLX only) the states entering those
+    blocks (float16). ``model`` may be the torch twin of the target (the same weights: ~1.9x
+    the positions per second of MLX's CPU backend here, BENCHMARKS.md §15)."""
     width = max(len(s) for s in seqs)
     batch = np.zeros((len(seqs), width), np.int32)
     for i, s in enumerate(seqs):
         batch[i, : len(s)] = s
+    if taps:
+        return _tapped_pass(model, batch, seqs, taps)
     if ops_for(model).name == "torch":
         from mlxspec.torchpath.model import teacher_outputs  # imports torch, an optional extra
 
@@ -120,30 +129,50 @@ def teacher_pass(model, seqs: Sequence[list[int]]) -> list[tuple[np.ndarray, np.
     return [(h[i, : len(s)], lse[i, : len(s)], am[i, : len(s)]) for i, s in enumerate(seqs)]
 
 
-def cache_key(target_name: str, examples: Sequence[Any], max_tokens: int) -> str:
-    h = hashlib.sha256(f"{target_name}|{max_tokens}".encode())
+def _tapped_pass(model, batch: np.ndarray, seqs: Sequence[list[int]], taps: tuple[int, ...]) -> list[tuple[np.ndarray, ...]]:
+    """``teacher_pass`` with the tapped states: the same pass also taps the last block's output,
+    whose final norm is the feature the teacher's rows score (no second pass)."""
+    if ops_for(model).name != "mlx":
+        raise MlxspecError("tapped features (an EAGLE-3 head's) are built on MLX; use --backend mlx")
+    last = model.cfg.num_layers
+    every = tuple(sorted(set(taps) | {last}))
+    logits, tapped = model(mx.array(batch), None, return_hidden=every)
+    parts = mx.split(tapped, len(every), axis=-1)
+    h16 = model.model.norm(parts[-1]).astype(mx.float16)
+    aux16 = mx.concatenate([parts[every.index(t)] for t in sorted(taps)], axis=-1).astype(mx.float16)
+    lse, am = mx.logsumexp(logits, axis=-1), mx.argmax(logits, axis=-1)
+    mx.eval(lse, am, h16, aux16)
+    h, aux, lse, am = np.array(h16), np.array(aux16), np.array(lse), np.array(am).astype(np.int32)
+    return [(h[i, : len(s)], lse[i, : len(s)], am[i, : len(s)], aux[i, : len(s)]) for i, s in enumerate(seqs)]
+
+
+def cache_key(target_name: str, examples: Sequence[Any], max_tokens: int, taps: tuple[int, ...] = ()) -> str:
+    # Tapped sets get keys of their own; untapped ones keep the keys they always had.
+    h = hashlib.sha256(f"{target_name}|{max_tokens}".encode() + (f"|taps={list(taps)}".encode() if taps else b""))
     for e in examples:
         h.update(f"{e.category}\x00{e.prompt}\x00{e.response}\x01".encode())
     return h.hexdigest()[:16]
 
 
-def _build_shard(target, examples: Sequence[Any], max_tokens: int, batch: int) -> FeatureSet:
+def _build_shard(target, examples: Sequence[Any], max_tokens: int, batch: int, taps: tuple[int, ...] = ()) -> FeatureSet:
     encoded = [encode_example(target.tokenizer, e.prompt, e.response, max_tokens) for e in examples]
     order = np.argsort([len(s) for s, _ in encoded])  # similar lengths per batch: less padding
-    rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    rows: dict[int, tuple[np.ndarray, ...]] = {}
     for i in range(0, len(order), batch):
         idx = order[i : i + batch]
-        for j, r in zip(idx, teacher_pass(target.model, [encoded[j][0] for j in idx])):
+        for j, r in zip(idx, teacher_pass(target.model, [encoded[j][0] for j in idx], taps)):
             rows[int(j)] = r
-    parts = [FeatureSet(np.array(encoded[j][0], np.int32), *rows[j], np.array([len(encoded[j][0])]),
-                        np.array([encoded[j][1]]), [examples[j].category]) for j in range(len(examples))]
+    parts = [FeatureSet(np.array(encoded[j][0], np.int32), *rows[j][:3], np.array([len(encoded[j][0])]),
+                        np.array([encoded[j][1]]), [examples[j].category], {}, rows[j][3] if taps else None)
+             for j in range(len(examples))]
     return FeatureSet.concat(parts, {})
 
 
 def build(target, examples: Sequence[Any], cache_dir: Path, max_tokens: int = MAX_TOKENS, batch: int = 8,
-          progress: Callable[[int, int], None] | None = None) -> FeatureSet:
+          progress: Callable[[int, int], None] | None = None, taps: tuple[int, ...] = ()) -> FeatureSet:
     """Features for ``examples`` (anything with ``category``, ``prompt``, ``response``), built
-    in shards of ``SHARD`` examples; shards already in the cache are reused."""
+    in shards of ``SHARD`` examples; shards already in the cache are reused. ``taps``: also the
+    states entering those blocks (``FeatureSet.aux``)."""
     if not examples:
         raise MlxspecError("no training examples")
     # Shards are keyed by their own examples, not the set's: sets that share a prefix of the
@@ -154,14 +183,14 @@ def build(target, examples: Sequence[Any], cache_dir: Path, max_tokens: int = MA
     parts = []
     for start in range(0, len(examples), SHARD):
         chunk = examples[start : start + SHARD]
-        path = shard_dir / f"{cache_key(target.name, chunk, max_tokens)}.npz"
+        path = shard_dir / f"{cache_key(target.name, chunk, max_tokens, taps)}.npz"
         if not path.exists():
-            _build_shard(target, chunk, max_tokens, batch).save(path)
+            _build_shard(target, chunk, max_tokens, batch, taps).save(path)
         parts.append(FeatureSet.load(path))
         if progress:
             progress(min(start + SHARD, len(examples)), len(examples))
     meta = {"target": target.name, "examples": len(examples), "max_tokens": max_tokens,
-            "key": cache_key(target.name, examples, max_tokens), "load_or_build_s": round(time.perf_counter() - t0, 1)}
+            "key": cache_key(target.name, examples, max_tokens, taps), "load_or_build_s": round(time.perf_counter() - t0, 1)}
     data = FeatureSet.concat(parts, meta)
     data.meta["tokens_per_category"] = data.tokens_per_category()
     return data

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from mlxspec.core.drafters.draft_model import DraftConfig, DraftModel
 from mlxspec.errors import MlxspecError
+from mlxspec.targets.eagle3 import save_eagle3
 from mlxspec.targets.folders import save_head, tokenizer_fingerprint
 from mlxspec.targets.loading import load
 from mlxspec.targets.mlxlm import require_native
@@ -26,10 +28,11 @@ from mlxspec.torchpath import backend_spec
 from mlxspec.training import eagle_train as et
 from mlxspec.training import train as tr
 from mlxspec.training.draft import init_from_target
+from mlxspec.training import eagle3 as e3
 from mlxspec.training.eagle import new_head
 
 DEFAULT_LR = 3e-4
-ARCHS = ("draft", "eagle")
+ARCHS = ("draft", "eagle", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,17 @@ class TrainOptions:
         """The options a run uses: the flags that do not apply refused, ``--quick``'s CI-sized
         settings in place of the ones they stand for, the learning rate's default filled in."""
         o = replace(self, lr=self.lr or DEFAULT_LR)
-        if o.arch == "eagle":
+        if o.arch == "eagle3" and (o.backend != "mlx" or o.device is not None):
+            raise MlxspecError("--arch eagle3 builds its features and trains on MLX (--backend mlx)")
+        if o.arch == "eagle3":  # no feature regression: its output is in its own space
+            o = replace(o, feature_weight=0.0)
+        if o.arch in ("eagle", "eagle3"):
             if o.quick:
                 o = replace(o, examples_per_category=2, max_examples=22, head_vocab=1024, steps=30, batch=4,
                             context=64, checkpoint_every=15, window=3)
             return o
         if o.arch != "draft":
-            raise MlxspecError(f"unknown --arch {o.arch!r}; choose {' or '.join(ARCHS)}")
+            raise MlxspecError(f"unknown --arch {o.arch!r}; choose {', '.join(ARCHS)}")
         if o.backend != "mlx" or o.device is not None:
             raise MlxspecError("--backend and --device choose where an eagle head is built and trained; "
                                "--arch draft trains and distils on MLX")
@@ -116,6 +123,10 @@ RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
               ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("feature_weight", ALWAYS),
               ("head_vocab", ALWAYS), ("examples_per_category", ALWAYS), ("max_examples", CHANGED),
               ("target_written", CHANGED), ("backend", CHANGED), ("seed", ALWAYS), ("out", ALWAYS)),
+    "eagle3": (("arch", ALWAYS), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS),
+               ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("head_vocab", ALWAYS),
+               ("examples_per_category", ALWAYS), ("max_examples", CHANGED), ("target_written", CHANGED),
+               ("seed", ALWAYS), ("out", ALWAYS)),
 }
 
 
@@ -157,11 +168,12 @@ class TrainResult:
 
 def train_draft(opts: TrainOptions, progress: Progress | None = None) -> TrainResult:
     """Train a draft (``--arch draft``: self-distillation, then optionally GRPO) or an eagle head
-    (``--arch eagle``: on the target's features over the offline corpus) into ``opts.out``,
-    model card included. Bad options are refused before anything is loaded."""
+    (``--arch eagle``: on the target's features over the offline corpus; ``--arch eagle3``: an
+    EAGLE-3 head on the states of three of its blocks, written in the published format) into
+    ``opts.out``, model card included. Bad options are refused before anything is loaded."""
     opts = opts.resolved()
     report = progress or (lambda r: None)
-    return _train_eagle(opts, report) if opts.arch == "eagle" else _train_draft(opts, report)
+    return _train_eagle(opts, report) if opts.arch in ("eagle", "eagle3") else _train_draft(opts, report)
 
 
 def _check_out_folder(out: Path) -> None:
@@ -231,13 +243,17 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     t0 = time.perf_counter()
     teacher = load(opts.model, "float32", spec)
     target = teacher.source if spec != "mlx" else teacher  # the head is built and saved as MLX's
-    require_native(target, "train-draft --arch eagle")
+    require_native(target, f"train-draft --arch {opts.arch}")
+    # An EAGLE-3 head reads the states entering the blocks vLLM and SGLang tap by default.
+    taps = e3.config_for(target, 1).aux_layers if opts.arch == "eagle3" else ()
     report(Report("features"))
     data = et.prepare_features(teacher, opts.examples_per_category, opts.max_examples, cfg.seed,
                                128 if opts.quick else 256, opts.target_written,
-                               progress=lambda stage, i, n: report(Report(stage, i, n)))
-    head = new_head(target, et.head_vocabulary(data, opts.head_vocab, target), seed=cfg.seed)
-    rows = target.model.model.embed_tokens.weight[head.vocab_ids]
+                               progress=lambda stage, i, n: report(Report(stage, i, n)), taps=taps)
+    vocab = et.head_vocabulary(data, opts.head_vocab, target)
+    head = e3.new_head(target, vocab, seed=cfg.seed) if taps else new_head(target, vocab, seed=cfg.seed)
+    params = dict(tree_flatten(target.model.parameters()))  # the target's output rows: the teacher's
+    rows = params.get("lm_head.weight", params["model.embed_tokens.weight"])[head.vocab_ids]
 
     def on_step(log: et.EagleStepLog) -> None:
         line = (f"eagle {cfg.loss} loss {log.loss:.3f} kl {log.kl:.2f} feat {log.feature:.3f} "
@@ -255,13 +271,19 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     history = et.train_head(head, data, rows, cfg, opts.out, resume=opts.resume, on_step=on_step, stepper=stepper)
     seconds = time.perf_counter() - t0
     command = recipe(opts)
-    save_head(head, opts.out, card=et.model_card(opts.out.name, command, data, cfg, head, history, seconds),
-              extra={"target": target.name, "recipe": command})
+    if taps:
+        save_eagle3(head, opts.out, embed_table=params["model.embed_tokens.weight"],
+                    extra={"mlxspec": {"target": target.name, "recipe": command,
+                                       "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}})
+        (opts.out / "README.md").write_text(e3.model_card(opts.out.name, command, data, cfg, head, history, seconds))
+    else:
+        save_head(head, opts.out, card=et.model_card(opts.out.name, command, data, cfg, head, history, seconds),
+                  extra={"target": target.name, "recipe": command})
     peak = tr.peak_memory_gb()
     first, last = history[0], history[-1]
     message = (f"wrote {opts.out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"
                f"first-draft acceptance {first.accept_1:.2f} -> {last.accept_1:.2f}; "
                f"{cfg.k}-chain expected accepted {first.chain:.2f} -> {last.chain:.2f}")
-    summary = {"out": str(opts.out), "arch": "eagle", "seconds": seconds, "peak_memory_gb": peak, "data": data.meta,
+    summary = {"out": str(opts.out), "arch": opts.arch, "seconds": seconds, "peak_memory_gb": peak, "data": data.meta,
                "head": head.cfg.to_dict(), "train": cfg.__dict__, "history": [h.__dict__ for h in history]}
     return TrainResult(summary, message)

@@ -59,9 +59,9 @@ def no_draft(ops: ModuleType) -> Proposal:
 @dataclass(frozen=True)
 class Commit:
     """What the target decided about a proposal: it kept ``drafted[:accepted]``, then emitted
-    ``next_token``. ``hidden``: the target's final hidden states (accepted + 1, D) of the tokens
-    the verify pass consumed and kept (the previous last token, then the accepted drafts), for
-    drafters that read them (``wants_hidden``); None otherwise.
+    ``next_token``. ``hidden``: the target's hidden states (accepted + 1, D) of the tokens the
+    verify pass consumed and kept (the previous last token, then the accepted drafts), of the
+    kind the drafter reads (``wants_hidden``); None otherwise.
 
     ``path``: for a tree, the proposal indices of the accepted nodes, root first (``accepted``
     of them; ``drafted`` is then every node); None for a chain, whose path is its first
@@ -81,7 +81,9 @@ class Commit:
 
 class Drafter(Protocol):
     name: str
-    wants_hidden: bool  # the engine then returns the target's hidden states in reset and commit
+    # The engine then returns the target's hidden states in reset and commit: True for the final
+    # (normed) state, block indices for the residual stream entering those blocks (EAGLE-3).
+    wants_hidden: bool | tuple[int, ...]
 
     def reset(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         """Start a new sequence whose committed tokens are ``prompt``; ``hidden`` holds the

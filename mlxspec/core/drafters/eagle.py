@@ -62,6 +62,8 @@ class EagleHead(nn.Module):
     features (B, L, D) are target features (or the head's own predictions) at slots s, tokens
     (B, L) the tokens x_{s+1}. ``mask``/``positions`` as in our llama module."""
 
+    wants_hidden = True  # the target's final normed hidden state
+
     def __init__(self, cfg: EagleConfig, vocab_ids: mx.array, embed: Callable[[mx.array], mx.array]):
         super().__init__()
         self.cfg = cfg
@@ -90,10 +92,13 @@ class EagleHead(nn.Module):
         # final hidden state, so the target's own head rows score it.
         return self.block(h, mask, None if cache is None else cache[0], positions)
 
+    def logits(self, pred: mx.array) -> mx.array:
+        return self.lm_head(pred)
+
     def __call__(self, features: mx.array, tokens: mx.array, cache: list | None = None, mask: Any = None,
                  positions: mx.array | None = None) -> tuple[mx.array, mx.array]:
         pred = self.predict(features, tokens, cache, mask, positions)
-        return pred, self.lm_head(pred)
+        return pred, self.logits(pred)
 
     def full_logits(self, reduced: mx.array) -> mx.array:
         """Reduced logits (..., head_vocab) -> full vocabulary, -inf outside the head's ids."""
@@ -103,14 +108,15 @@ class EagleHead(nn.Module):
 
 
 class EagleDrafter:
-    """Drafts with an ``EagleHead`` (MLX's, or torch's twin) from the target's features; see
-    the module docstring."""
+    """Drafts with an ``EagleHead`` or an ``eagle3.Eagle3Head`` (MLX's, or torch's twins) from
+    the target's features; see the module docstring. The head says which features it reads
+    (``wants_hidden``: the final state, or the blocks an EAGLE-3 head taps)."""
 
     samples_children = True  # --tree DxB:sample
-    wants_hidden = True
 
     def __init__(self, head: Any, name: str):
         self.head, self.name = head, name
+        self.wants_hidden = head.wants_hidden
         self.ops = ops_for(head)
         self.cache: list = []
         self.pending_features: list[Any] = []  # (n, D) blocks, real target features

@@ -79,7 +79,7 @@ class Stepper:
         want = self.drafter.wants_hidden
         t0 = time.perf_counter()
         tokens = mx.concatenate([mx.array([self.y], mx.int32), proposal.tokens.astype(mx.int32)])[None]
-        out = self.model(tokens, self.cache, **({"return_hidden": True} if want else {}))
+        out = self.model(tokens, self.cache, **({"return_hidden": want} if want else {}))
         logits, hidden = (out[0][0], out[1][0]) if want else (out[0], None)
         t[TARGET_BUILD] = _ms(t0)
         t0 = time.perf_counter()

@@ -1,0 +1,92 @@
+"""A fresh EAGLE-3 head for a target, the start of ``train-draft --arch eagle3``, and its model
+card. The architecture is ``core/drafters/eagle3.py``; the published format it is written in,
+``targets/eagle3.py``; the training loop is the eagle head's (``eagle_train.py``).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from mlxspec.core.drafters.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.folders import CARD_LICENCE
+from mlxspec.training.eagle_train import EagleStepLog, EagleTrainConfig
+from mlxspec.training.features import FeatureSet
+
+
+def config_for(target, draft_vocab: int, intermediate_size: int | None = None) -> Eagle3Config:
+    """The head at the target's width, heads and RoPE base, tapping the blocks vLLM and SGLang
+    tap by default (so either engine feeds it the states it was trained on)."""
+    t = target.config
+    if not 1 <= draft_vocab <= t.vocab_size:
+        raise MlxspecError(f"head vocabulary must be in 1..{t.vocab_size}, got {draft_vocab}")
+    if t.num_layers < 6:
+        raise MlxspecError(f"an EAGLE-3 head taps blocks 2, L/2 and L-3 of the target; {target.name!r} has only "
+                           f"{t.num_layers} layers")
+    return Eagle3Config(
+        hidden_size=t.hidden_size, intermediate_size=intermediate_size or t.intermediate_size, num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads, draft_vocab=draft_vocab, target_vocab=t.vocab_size, target_hidden=t.hidden_size,
+        aux_layers=default_aux_layers(t.num_layers), head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
+        rope_theta=t.rope_theta, max_position=t.max_position,
+    )
+
+
+def new_head(target, vocab_ids: mx.array, seed: int = 0) -> Eagle3Head:
+    """A fresh head for ``target`` (float weights) that starts from what the target itself
+    would say: ``fc`` passes the highest tapped block's state through, the layer's residual
+    branches start at zero, ``norm`` and ``lm_head`` are the target's final norm and its output
+    rows for ``vocab_ids``. The rest is MLX's default init drawn from ``seed``."""
+    cfg = config_for(target, int(vocab_ids.shape[0]))
+    mx.random.seed(seed)
+    head = Eagle3Head(cfg, vocab_ids, target.model.model.embed_tokens)
+    params = dict(tree_flatten(target.model.parameters()))
+    if any(k.endswith(".scales") for k in params):
+        raise MlxspecError("training a head needs the target in float weights (load it with --dtype float32)")
+    d, n = cfg.hidden_size, len(cfg.aux_layers)
+    pick = mx.concatenate([mx.zeros((d, (n - 1) * cfg.target_hidden)), mx.eye(d)], axis=1)
+    attn, mlp = head.midlayer.self_attn, head.midlayer.mlp
+    head.load_weights([
+        ("fc.weight", pick),
+        ("norm.weight", params["model.norm.weight"]),
+        ("lm_head.weight", params.get("lm_head.weight", params["model.embed_tokens.weight"])[vocab_ids]),
+        ("midlayer.self_attn.o_proj.weight", mx.zeros_like(attn.o_proj.weight)),
+        ("midlayer.mlp.down_proj.weight", mx.zeros_like(mlp.down_proj.weight)),
+    ], strict=False)
+    mx.eval(head.parameters())
+    return head
+
+
+def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, head: Eagle3Head,
+               history: list[EagleStepLog], seconds: float) -> str:
+    c = head.cfg
+    params = sum(v.size for k, v in tree_flatten(head.parameters()))
+    last = history[-min(len(history), 20):]
+    mean = lambda a: sum(getattr(h, a) for h in last) / max(len(last), 1)  # noqa: E731
+    cats = "\n".join(f"| {k} | {n:,} |" for k, n in data.tokens_per_category().items())
+    return f"""# {name}
+
+An EAGLE-3 draft head for `{data.meta.get('target', '?')}`, in the published EAGLE-3 layout
+(`config.json` + `model.safetensors`, architecture `LlamaForCausalLMEagle3`): `fc` fuses the
+states entering target blocks {list(c.aux_layers)}, one decoder layer reads [embedding; feature],
+and `lm_head` scores the {c.draft_vocab} tokens the target emits most in the training data
+(`d2t` maps them to target ids; q = 0 elsewhere, so verification stays exact). {params / 1e6:.1f}M
+parameters of its own; the folder also carries the target's embedding table, as published heads do.
+
+Reproduce: `{recipe}`
+
+Training: loss `{cfg.loss}` over {cfg.k} unrolled draft steps (the head reads its own outputs from
+step 2 on, as when drafting), {cfg.steps} steps of {cfg.batch} x {cfg.context} slots,
+{seconds / 60:.1f} min in all here. Last {len(last)} steps: first-draft acceptance
+{mean('accept_1'):.2f}, expected accepted drafts of the {cfg.k}-chain {mean('chain'):.2f}
+(teacher-forced, training batches).
+
+Data: {len(data.lengths):,} examples, {data.trained_positions():,} response positions, teacher-forced
+through the target. Response tokens per category:
+
+| category | tokens |
+|---|---|
+{cats}
+
+{CARD_LICENCE}
+"""
