@@ -424,7 +424,7 @@ def test_feature_shards_are_shared_by_sets_with_a_common_prefix(tmp_path, monkey
 
     built = []
 
-    def fake_shard(target, chunk, max_tokens, batch):
+    def fake_shard(target, chunk, max_tokens, batch, taps=()):
         built.append([e.prompt for e in chunk])
         n = len(chunk)
         return features.FeatureSet(np.arange(2 * n, dtype=np.int32), np.zeros((2 * n, 4), np.float16),

@@ -619,7 +619,7 @@ def test_export_draft_says_an_eagle3_head_needs_no_conversion(target, tmp_path, 
 def test_a_kept_cache_serves_only_a_drafter_reading_the_same_states():
     """Chat turns keep the target's cache with the hidden states of its tokens; a drafter that
     reads other ones (the final state vs an EAGLE-3 head's taps) must prefill afresh."""
-    from mlxspec.core.cache import PromptCache
+    from mlxspec.core.prompt_cache import PromptCache
 
     model = exact_llama(0)
     for kept_kind, wanted, reused in [((0, 1), (0, 1), True), ((0, 1), True, False), (True, (0, 1), False),
@@ -628,5 +628,5 @@ def test_a_kept_cache_serves_only_a_drafter_reading_the_same_states():
         cache = model.make_cache()
         model(mx.array([[1, 2, 3]]), cache)
         kept.keep(cache, [1, 2, 3], mx.zeros((3, 8)), kept_kind)
-        got, n = kept.take([1, 2, 3], wanted)
-        assert (got is not None and n == 3) == reused, (kept_kind, wanted)
+        reuse = kept.take([1, 2, 3], wanted)
+        assert (reuse.cache is not None and reuse.n == 3) == reused, (kept_kind, wanted)
