@@ -52,6 +52,7 @@ from mlxspec.torchpath.model import pass_inputs
 
 EDGES = (160, 320, 640)  # absolute-position buckets: the head trained on windows of 160 slots
 WINDOW = 160
+TOP_K = 4
 NGRAM_NS = (1, 2, 3, 4)
 
 
@@ -152,6 +153,7 @@ class Slot:
     pos: int
     in_vocab: bool
     head: bool  # teacher-forced, full context
+    head_top: bool  # the target's token is among the head's TOP_K best (what a tree could still catch)
     head_window: bool  # teacher-forced, attention cut to the last WINDOW slots
     self_layers: dict[int, bool]
     engine: bool | None  # the engine's first draft, where a step started here
@@ -183,6 +185,8 @@ class CategoryRow:
     teacher_forced_window: float | None
     in_vocab: float | None
     head_given_in_vocab: float | None
+    head_top: float | None  # the target's token in the head's top TOP_K
+    head_after_hit: float | None  # teacher-forced hit at t + 1 given a hit at t (real features at both)
     self_layers: dict[str, float | None]
 
 
@@ -224,12 +228,19 @@ def position_rows(slots: Sequence[Slot], key) -> list[PositionRow]:
     return rows
 
 
+def after_hits(slots: Sequence[Slot]) -> list[bool]:
+    """The head's teacher-forced hit at t + 1 wherever it hit at t in the same prompt: a second
+    draft's chance with the target's real feature in place of the head's own prediction."""
+    return [b.head for a, b in zip(slots, slots[1:]) if a.head and b.prompt == a.prompt and b.pos == a.pos + 1]
+
+
 def category_row(name: str, s: Sequence[Slot], layers: Sequence[int]) -> CategoryRow:
     e = [x for x in s if x.engine is not None]
     inv = [x for x in s if x.in_vocab]
     return CategoryRow(name, len(s), len(e), share([x.engine for x in e]), share([x.head for x in e]),
                        share([x.head for x in s]), share([x.head_window for x in s]), share([x.in_vocab for x in s]),
-                       share([x.head for x in inv]), {f"self:{L}": share([x.self_layers[L] for x in s]) for L in layers})
+                       share([x.head for x in inv]), share([x.head_top for x in s]), share(after_hits(s)),
+                       {f"self:{L}": share([x.self_layers[L] for x in s]) for L in layers})
 
 
 def ngram_rows(samples: Sequence[Sample]) -> list[NgramRow]:
@@ -264,25 +275,34 @@ def greedy_samples(lm, drafter, items, tokens: int) -> list[Sample]:
     return out
 
 
-def teacher_forced(model, head, seq: list[int], layers: Sequence[int]) -> dict[str, np.ndarray]:
-    """One pass over ``seq`` keeping every layer: the full target's argmax at every index, the
-    argmax of norm + head after each of ``layers``, and the head's guess for index i + 2 from
-    slot i (real features), with full attention and with attention cut to ``WINDOW`` slots."""
+def teacher_forced(model, head, seq: list[int], layers: Sequence[int], start: int = 0) -> dict[str, np.ndarray]:
+    """One pass over ``seq`` keeping every layer: the full target's argmax at every index from
+    ``start`` on (-1 before it: the vocabulary-wide heads are most of a pass's cost), the
+    argmax of norm + head after each of ``layers`` likewise, and the head's guess for index i + 2 from
+    slot i (real features): its argmax and ``TOP_K`` best with full attention, its argmax with
+    attention cut to ``WINDOW`` slots."""
     with torch.inference_mode():
         tok = torch.tensor([seq], dtype=torch.long)
         h = model.model.embed_tokens(tok)
         mask, positions = pass_inputs(len(seq), 0, None, None, h.device)
         cos, sin = model.rope.tables(positions, h.dtype)
         out = {}
+
+        def argmax_from_start(normed: torch.Tensor) -> np.ndarray:
+            best = np.full(len(seq), -1, np.int64)
+            best[start:] = model.head(normed[:, start:]).argmax(-1)[0].numpy()
+            return best
+
         for i, layer in enumerate(model.layers, 1):
             h = layer(h, mask, None, model.rope, cos, sin)
             if i in layers:
-                out[f"self:{i}"] = model.head(model.model.norm(h)).argmax(-1)[0].numpy()
+                out[f"self:{i}"] = argmax_from_start(model.model.norm(h))
         feat = model.model.norm(h)
-        out["target"] = model.head(feat).argmax(-1)[0].numpy()
+        out["target"] = argmax_from_start(feat)
         f, nxt = feat[:, :-1], tok[:, 1:]
         _, z = head(f, nxt)
         out["head"] = head.vocab_ids[z.argmax(-1)[0]].numpy()
+        out["head_top"] = head.vocab_ids[z.topk(TOP_K, dim=-1).indices[0]].numpy()
         _, zw = head(f, nxt, mask=band_mask(len(seq) - 1, WINDOW))
         out["head_window"] = head.vocab_ids[zw.argmax(-1)[0]].numpy()
         return out
@@ -296,7 +316,7 @@ def slots_of(i: int, smp: Sample, tf: dict[str, np.ndarray], vocab: set[int], la
     out = []
     for t in range(c, c + len(smp.output)):
         y = int(tf["target"][t - 1])
-        out.append(Slot(i, smp.category, c, t, y in vocab, int(tf["head"][t - 2]) == y,
+        out.append(Slot(i, smp.category, c, t, y in vocab, int(tf["head"][t - 2]) == y, y in tf["head_top"][t - 2],
                         int(tf["head_window"][t - 2]) == y,
                         {L: int(tf[f"self:{L}"][t - 1]) == y for L in layers},
                         None if t not in engine else engine[t] > 0))
@@ -344,7 +364,7 @@ def main() -> None:
     agree = total = 0
     for i, smp in enumerate(samples):
         seq = smp.prompt + smp.output
-        tf = teacher_forced(lm.model, head, seq, layers)
+        tf = teacher_forced(lm.model, head, seq, layers, start=len(smp.prompt) - 1)
         c = len(smp.prompt)
         agree += int(sum(int(tf["target"][t - 1]) == seq[t] for t in range(c, len(seq))))
         total += len(smp.output)
@@ -380,11 +400,12 @@ def print_report(r: Report) -> None:
         for p in rows:
             print(f"  {p.bucket:9s} {p.positions:5d} {p.engine_steps:5d} {fmt(p.engine)} {fmt(p.teacher_forced)} "
                   f"{fmt(p.teacher_forced_window)} {fmt(p.in_vocab)}")
-    print("\nby category: positions, engine (steps), TF at engine steps, TF, TF window, in vocab, head | in vocab, self:L")
+    print(f"\nby category: positions, engine (steps), TF at engine steps, TF, TF window, in vocab, head | in vocab, "
+          f"top-{TOP_K}, hit after hit, self:L")
     for c in r.by_category:
         print(f"  {c.category:15s} {c.positions:5d} {fmt(c.engine)} ({c.engine_steps}) "
               f"{fmt(c.teacher_forced_at_engine_steps)} {fmt(c.teacher_forced)} {fmt(c.teacher_forced_window)} "
-              f"{fmt(c.in_vocab)} {fmt(c.head_given_in_vocab)} "
+              f"{fmt(c.in_vocab)} {fmt(c.head_given_in_vocab)} {fmt(c.head_top)} {fmt(c.head_after_hit)} "
               + " ".join(f"{k} {fmt(v)}" for k, v in c.self_layers.items()))
     print("\nn-gram continuations of the target's own text: n, positions, matched, correct, correct | matched")
     for g in r.ngram:

@@ -84,13 +84,24 @@ def test_slots_line_up_with_the_sequence(rf):
     head's guess for it comes from slot 1; at t = 4 from argmax 3 and slot 2."""
     smp = rf.Sample(1, "qa", [10, 11, 12], [20, 21], [(0, 0, 1), (1, 0, 1)])
     tf = {"target": np.array([0, 0, 20, 21, 5]), "head": np.array([0, 20, 9, 0]),
+          "head_top": np.array([[0, 1], [20, 2], [9, 21], [0, 1]]),
           "head_window": np.array([0, 9, 21, 0]), "self:2": np.array([0, 0, 20, 9, 0])}
     slots = rf.slots_of(0, smp, tf, {20}, [2])
-    assert [(s.pos, s.in_vocab, s.head, s.head_window, s.self_layers[2], s.engine) for s in slots] == [
-        (3, True, True, False, True, None), (4, False, False, True, False, False)]
+    assert [(s.pos, s.in_vocab, s.head, s.head_top, s.head_window, s.self_layers[2], s.engine) for s in slots] == [
+        (3, True, True, True, False, True, None), (4, False, False, True, True, False, False)]
     row = rf.category_row("qa", slots, [2])
-    assert (row.engine, row.teacher_forced, row.in_vocab, row.head_given_in_vocab, row.self_layers) == (
-        0.0, 0.5, 0.5, 1.0, {"self:2": 0.5})
+    assert (row.engine, row.teacher_forced, row.in_vocab, row.head_given_in_vocab, row.head_top,
+            row.head_after_hit, row.self_layers) == (0.0, 0.5, 0.5, 1.0, 1.0, 0.0, {"self:2": 0.5})
+
+
+def test_a_hit_after_a_hit_counts_consecutive_positions_of_one_prompt(rf):
+    def slot(prompt, pos, hit):
+        return rf.Slot(prompt, "qa", 3, pos, True, hit, hit, hit, {}, None)
+
+    slots = [slot(0, 3, True), slot(0, 4, True), slot(0, 5, False), slot(0, 6, True),  # 3->4 hit, 4->5 miss
+             slot(1, 7, True),  # another prompt: 6->7 is no pair
+             slot(1, 9, True)]  # not consecutive
+    assert rf.after_hits(slots) == [True, False]
 
 
 def test_teacher_forced_pass_equals_the_models_own_passes(rf, monkeypatch):
@@ -108,6 +119,10 @@ def test_teacher_forced_pass_equals_the_models_own_passes(rf, monkeypatch):
     seq = [int(x) for x in np.random.default_rng(0).integers(0, 64, 12)]
     monkeypatch.setattr(rf, "WINDOW", 3)
     out = rf.teacher_forced(model, head, seq, [1, 2])
+    late = rf.teacher_forced(model, head, seq, [1, 2], start=5)
+    for key in ("self:1", "self:2", "target"):
+        assert (late[key][:5] == -1).all()
+        np.testing.assert_array_equal(late[key][5:], out[key][5:])
     tok = torch.tensor([seq])
     with torch.inference_mode():
         for L in (1, 2):
@@ -116,6 +131,10 @@ def test_teacher_forced_pass_equals_the_models_own_passes(rf, monkeypatch):
         np.testing.assert_array_equal(out["target"], logits.argmax(-1)[0].numpy())
         _, z = head(feat[:, :-1], tok[:, 1:])
         np.testing.assert_array_equal(out["head"], head.vocab_ids[z.argmax(-1)[0]].numpy())
+        np.testing.assert_array_equal(out["head_top"][:, 0], out["head"])
+        best = np.sort(z[0].numpy(), axis=-1)[:, ::-1][:, :rf.TOP_K]  # the top-k logits, in order
+        got = np.take_along_axis(z[0].numpy(), np.searchsorted(head.vocab_ids.numpy(), out["head_top"]), axis=-1)
+        np.testing.assert_array_equal(got, best)
         windowed = []
         for i in range(len(seq) - 1):
             lo = max(0, i - 2)
