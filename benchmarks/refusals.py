@@ -49,10 +49,12 @@ from mlxspec.targets.drafts import make_drafter
 from mlxspec.targets.loading import load
 from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
 from mlxspec.torchpath.model import pass_inputs
+from mlxspec.training.torch_train import unroll
 
 EDGES = (160, 320, 640)  # absolute-position buckets: the head trained on windows of 160 slots
 WINDOW = 160
 TOP_K = 4
+CASCADE_NS = (2, 3)  # prompt lookup with these context lengths, combined with the head
 NGRAM_NS = (1, 2, 3, 4)
 
 
@@ -154,9 +156,11 @@ class Slot:
     in_vocab: bool
     head: bool  # teacher-forced, full context
     head_top: bool  # the target's token is among the head's TOP_K best (what a tree could still catch)
+    head_step2: bool  # a second draft here: the head reads its own predicted feature for slot t - 2
     head_window: bool  # teacher-forced, attention cut to the last WINDOW slots
     self_layers: dict[int, bool]
     engine: bool | None  # the engine's first draft, where a step started here
+    ngram: dict[int, tuple[bool, bool]] = field(default_factory=dict)  # n -> (matched, correct)
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,10 @@ class CategoryRow:
     head_given_in_vocab: float | None
     head_top: float | None  # the target's token in the head's top TOP_K
     head_after_hit: float | None  # teacher-forced hit at t + 1 given a hit at t (real features at both)
+    head_step2_after_hit: float | None  # the same with the head's own predicted feature, as drafting runs
     self_layers: dict[str, float | None]
+    lookup_else_head: dict[str, float | None]  # ngram:n's continuation where it has one, else the head's
+    head_or_lookup: dict[str, float | None]  # either is right (a two-candidate tree)
 
 
 @dataclass(frozen=True)
@@ -228,10 +235,11 @@ def position_rows(slots: Sequence[Slot], key) -> list[PositionRow]:
     return rows
 
 
-def after_hits(slots: Sequence[Slot]) -> list[bool]:
-    """The head's teacher-forced hit at t + 1 wherever it hit at t in the same prompt: a second
-    draft's chance with the target's real feature in place of the head's own prediction."""
-    return [b.head for a, b in zip(slots, slots[1:]) if a.head and b.prompt == a.prompt and b.pos == a.pos + 1]
+def after_hits(slots: Sequence[Slot], second: str = "head") -> list[bool]:
+    """Wherever the head hit at t (first draft), whether ``second`` hit at t + 1 in the same
+    prompt: "head" reads the target's real feature there, "head_step2" its own prediction."""
+    return [getattr(b, second) for a, b in zip(slots, slots[1:])
+            if a.head and b.prompt == a.prompt and b.pos == a.pos + 1]
 
 
 def category_row(name: str, s: Sequence[Slot], layers: Sequence[int]) -> CategoryRow:
@@ -240,7 +248,10 @@ def category_row(name: str, s: Sequence[Slot], layers: Sequence[int]) -> Categor
     return CategoryRow(name, len(s), len(e), share([x.engine for x in e]), share([x.head for x in e]),
                        share([x.head for x in s]), share([x.head_window for x in s]), share([x.in_vocab for x in s]),
                        share([x.head for x in inv]), share([x.head_top for x in s]), share(after_hits(s)),
-                       {f"self:{L}": share([x.self_layers[L] for x in s]) for L in layers})
+                       share(after_hits(s, "head_step2")),
+                       {f"self:{L}": share([x.self_layers[L] for x in s]) for L in layers},
+                       {f"ngram:{n}": share([x.ngram[n][1] if x.ngram[n][0] else x.head for x in s]) for n in CASCADE_NS},
+                       {f"ngram:{n}": share([x.ngram[n][1] or x.head for x in s]) for n in CASCADE_NS})
 
 
 def ngram_rows(samples: Sequence[Sample]) -> list[NgramRow]:
@@ -303,6 +314,8 @@ def teacher_forced(model, head, seq: list[int], layers: Sequence[int], start: in
         _, z = head(f, nxt)
         out["head"] = head.vocab_ids[z.argmax(-1)[0]].numpy()
         out["head_top"] = head.vocab_ids[z.topk(TOP_K, dim=-1).indices[0]].numpy()
+        step2 = unroll(head, f, nxt, 2)[1]  # slot i reads the head's own prediction of f_i
+        out["head_step2"] = head.vocab_ids[head.lm_head(step2).argmax(-1)[0]].numpy()
         _, zw = head(f, nxt, mask=band_mask(len(seq) - 1, WINDOW))
         out["head_window"] = head.vocab_ids[zw.argmax(-1)[0]].numpy()
         return out
@@ -313,13 +326,14 @@ def slots_of(i: int, smp: Sample, tf: dict[str, np.ndarray], vocab: set[int], la
     token there is its argmax at t - 1; the head's guess for it comes from slot t - 2."""
     c = len(smp.prompt)
     engine = dict(step_positions(c, smp.steps))
+    lookup = {n: ngram_continuations(smp.prompt + smp.output, c, n) for n in CASCADE_NS}
     out = []
     for t in range(c, c + len(smp.output)):
         y = int(tf["target"][t - 1])
         out.append(Slot(i, smp.category, c, t, y in vocab, int(tf["head"][t - 2]) == y, y in tf["head_top"][t - 2],
-                        int(tf["head_window"][t - 2]) == y,
+                        int(tf["head_step2"][t - 2]) == y, int(tf["head_window"][t - 2]) == y,
                         {L: int(tf[f"self:{L}"][t - 1]) == y for L in layers},
-                        None if t not in engine else engine[t] > 0))
+                        None if t not in engine else engine[t] > 0, {n: lookup[n][t - c] for n in CASCADE_NS}))
     return out
 
 
@@ -401,12 +415,15 @@ def print_report(r: Report) -> None:
             print(f"  {p.bucket:9s} {p.positions:5d} {p.engine_steps:5d} {fmt(p.engine)} {fmt(p.teacher_forced)} "
                   f"{fmt(p.teacher_forced_window)} {fmt(p.in_vocab)}")
     print(f"\nby category: positions, engine (steps), TF at engine steps, TF, TF window, in vocab, head | in vocab, "
-          f"top-{TOP_K}, hit after hit, self:L")
+          f"top-{TOP_K}, hit after hit (real / own feature), self:L, lookup else head, head or lookup")
     for c in r.by_category:
         print(f"  {c.category:15s} {c.positions:5d} {fmt(c.engine)} ({c.engine_steps}) "
               f"{fmt(c.teacher_forced_at_engine_steps)} {fmt(c.teacher_forced)} {fmt(c.teacher_forced_window)} "
               f"{fmt(c.in_vocab)} {fmt(c.head_given_in_vocab)} {fmt(c.head_top)} {fmt(c.head_after_hit)} "
-              + " ".join(f"{k} {fmt(v)}" for k, v in c.self_layers.items()))
+              f"{fmt(c.head_step2_after_hit)} "
+              + " ".join(f"{k} {fmt(v)}" for k, v in c.self_layers.items())
+              + " | " + " ".join(f"{k} {fmt(v)}" for k, v in c.lookup_else_head.items())
+              + " | " + " ".join(f"{k} {fmt(v)}" for k, v in c.head_or_lookup.items()))
     print("\nn-gram continuations of the target's own text: n, positions, matched, correct, correct | matched")
     for g in r.ngram:
         print(f"  {g.n} {g.positions:5d} {fmt(g.matched)} {fmt(g.correct)} {fmt(g.correct_given_match)}")

@@ -84,24 +84,41 @@ def test_slots_line_up_with_the_sequence(rf):
     head's guess for it comes from slot 1; at t = 4 from argmax 3 and slot 2."""
     smp = rf.Sample(1, "qa", [10, 11, 12], [20, 21], [(0, 0, 1), (1, 0, 1)])
     tf = {"target": np.array([0, 0, 20, 21, 5]), "head": np.array([0, 20, 9, 0]),
-          "head_top": np.array([[0, 1], [20, 2], [9, 21], [0, 1]]),
+          "head_top": np.array([[0, 1], [20, 2], [9, 21], [0, 1]]), "head_step2": np.array([0, 7, 21, 0]),
           "head_window": np.array([0, 9, 21, 0]), "self:2": np.array([0, 0, 20, 9, 0])}
     slots = rf.slots_of(0, smp, tf, {20}, [2])
-    assert [(s.pos, s.in_vocab, s.head, s.head_top, s.head_window, s.self_layers[2], s.engine) for s in slots] == [
-        (3, True, True, True, False, True, None), (4, False, False, True, True, False, False)]
+    assert [(s.pos, s.in_vocab, s.head, s.head_top, s.head_step2, s.head_window, s.self_layers[2], s.engine)
+            for s in slots] == [(3, True, True, True, False, False, True, None),
+                                (4, False, False, True, True, True, False, False)]
+    # no n-gram of the prompt recurs: lookup has nothing, the cascade is the head
+    assert [s.ngram for s in slots] == [{2: (False, False), 3: (False, False)}] * 2
     row = rf.category_row("qa", slots, [2])
     assert (row.engine, row.teacher_forced, row.in_vocab, row.head_given_in_vocab, row.head_top,
-            row.head_after_hit, row.self_layers) == (0.0, 0.5, 0.5, 1.0, 1.0, 0.0, {"self:2": 0.5})
+            row.head_after_hit, row.head_step2_after_hit, row.self_layers, row.lookup_else_head) == (
+        0.0, 0.5, 0.5, 1.0, 1.0, 0.0, 1.0, {"self:2": 0.5}, {"ngram:2": 0.5, "ngram:3": 0.5})
+
+
+def test_lookup_and_head_combine(rf):
+    def slot(head, matched, correct):
+        return rf.Slot(0, "qa", 3, 3, True, head, head, head, head, {}, None, {2: (matched, correct), 3: (False, False)})
+
+    # lookup right / head wrong (twice); lookup wrong / head right; no lookup, head right; neither
+    slots = [slot(False, True, True), slot(True, True, False), slot(True, False, False), slot(False, False, False),
+             slot(False, True, True)]
+    row = rf.category_row("qa", slots, [])
+    assert row.lookup_else_head == {"ngram:2": 0.6, "ngram:3": 0.4}  # ngram:3 never matches: the head alone
+    assert row.head_or_lookup == {"ngram:2": 0.8, "ngram:3": 0.4}
 
 
 def test_a_hit_after_a_hit_counts_consecutive_positions_of_one_prompt(rf):
     def slot(prompt, pos, hit):
-        return rf.Slot(prompt, "qa", 3, pos, True, hit, hit, hit, {}, None)
+        return rf.Slot(prompt, "qa", 3, pos, True, hit, hit, not hit, hit, {}, None)
 
     slots = [slot(0, 3, True), slot(0, 4, True), slot(0, 5, False), slot(0, 6, True),  # 3->4 hit, 4->5 miss
              slot(1, 7, True),  # another prompt: 6->7 is no pair
              slot(1, 9, True)]  # not consecutive
     assert rf.after_hits(slots) == [True, False]
+    assert rf.after_hits(slots, "head_step2") == [False, True]
 
 
 def test_teacher_forced_pass_equals_the_models_own_passes(rf, monkeypatch):
@@ -141,4 +158,13 @@ def test_teacher_forced_pass_equals_the_models_own_passes(rf, monkeypatch):
             _, zi = head(feat[:, lo:i + 1], tok[:, lo + 1:i + 2], positions=torch.arange(lo, i + 1))
             windowed.append(int(head.vocab_ids[zi[0, -1].argmax()]))
         assert out["head_window"].tolist() == windowed
+        # a second draft as the drafter makes it: real features up to slot u - 1, then the head's
+        # own prediction of f_u at slot u
+        second = []
+        for u in range(1, len(seq) - 1):
+            own = head.predict(feat[:, :u], tok[:, 1:u + 1])[:, -1:]
+            _, zu = head(torch.cat([feat[:, :u], own], dim=1), tok[:, 1:u + 2])
+            second.append(int(head.vocab_ids[zu[0, -1].argmax()]))
+        assert out["head_step2"][1:].tolist() == second
+        assert second != out["head"][1:].tolist(), "own and real features agree everywhere: the test is weak"
         assert out["head_window"].tolist() != out["head"].tolist(), "the window changed nothing: the test is weak"
