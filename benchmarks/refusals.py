@@ -34,6 +34,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -238,7 +239,7 @@ def position_rows(slots: Sequence[Slot], key) -> list[PositionRow]:
 def after_hits(slots: Sequence[Slot], second: str = "head") -> list[bool]:
     """Wherever the head hit at t (first draft), whether ``second`` hit at t + 1 in the same
     prompt: "head" reads the target's real feature there, "head_step2" its own prediction."""
-    return [getattr(b, second) for a, b in zip(slots, slots[1:])
+    return [getattr(b, second) for a, b in pairwise(slots)
             if a.head and b.prompt == a.prompt and b.pos == a.pos + 1]
 
 
