@@ -15,11 +15,14 @@ drafted token's index in the sequence):
    window it trained on: rope makes attention depend only on distance, so this isolates "longer
    contexts than training" from "later positions");
 2. whether the target's greedy token is inside the head's vocabulary (outside it q = 0);
-3. the teacher-forced figure next to the engine's on the same steps;
+3. the teacher-forced figure next to the engine's on the same steps, and, after a hit, the next
+   draft's hit rate with the target's real feature vs the head's own prediction of it (as
+   drafting runs); the head's top-4 recall;
 4. ``self:L`` first-draft acceptance (argmax of norm + head over layer L's hidden state vs the
    full target's) for L in ``--layers``, and the target's n-gram continuations: for n = 1..4,
    whether the last n tokens occurred earlier in prompt + output, and whether the token after
-   their most recent earlier occurrence is the target's next greedy token;
+   their most recent earlier occurrence is the target's next greedy token; and lookup combined
+   with the head (lookup's continuation where it has one, else the head's; either right);
 5. acceptance against distinct training prompts is not measured here (see the dated note).
 
     python benchmarks/refusals.py [--draft smollm2-135m-eagle] [--per-category 4] [--tokens 128]
