@@ -60,7 +60,8 @@ TorchModels = dict[str, tuple[Any, int]]  # column key -> (the model on torch, i
 class BaselineOptions:
     """What ``bench --baseline`` was asked for. ``prompts`` None: ``DEFAULT_QUESTIONS``;
     ``torch_dtypes``: one torch column per dtype (none: no torch); ``torch_threads``:
-    ``torch.set_num_threads`` settings (empty: torch's own), one column per dtype and setting."""
+    ``torch.set_num_threads`` settings (empty: the torch target's own, following the load), one
+    column per dtype and setting."""
 
     model: str = "default"
     dtype: str = "auto"
@@ -238,7 +239,7 @@ def _baseline_runner(lm, max_tokens: int, torch_models: TorchModels | None = Non
         if impl in torch_models:
             tlm, threads = torch_models[impl]
             torch = require_torch()
-            if torch.get_num_threads() != threads:
+            if threads and torch.get_num_threads() != threads:  # 0: the target's governor decides
                 torch.set_num_threads(threads)
             tokens = _mlxspec_tokens(tlm, p, max_tokens)
         elif impl == "mlxspec":
@@ -289,7 +290,8 @@ def _torch_models(options: BaselineOptions) -> tuple[TorchModels, int | None]:
     if not options.torch_dtypes:
         return {}, None
     before = require_torch().get_num_threads()
-    settings = list(dict.fromkeys(options.torch_threads)) or [before]
+    # none asked for: as a user gets it, the torch target's own governor (``torchpath.threads``) decides
+    settings = list(dict.fromkeys(options.torch_threads)) or [0]
     if min(settings) < 1:
         raise MlxspecError(f"torch threads must be >= 1, got {min(settings)}")
     return load_torch_columns(options.model, options.torch_dtypes, options.torch_device, settings), before

@@ -28,7 +28,7 @@ class TorchColumn:
     None: identical for all ``max_tokens``)."""
 
     dtype: str
-    threads: int  # torch.get_num_threads() while it ran
+    threads: int  # torch.set_num_threads while it ran; 0: the target's governor chose (``torchpath.threads``)
     ratio: float
     verdict: Verdict
     first_divergence: list[int | None]
@@ -146,6 +146,7 @@ def torch_info(torch_models: dict[str, tuple[Any, int]], pairs: list[dict[str, R
             tlm.dtype, threads, med / mlx_med if mlx_med > 0 else math.inf, torch_verdict(pairs, key),
             first_divergence(pairs, key, n_prompts), int(tlm.weight_bytes_per_token()))
     threads = sorted({c.threads for c in columns.values()}, reverse=True)
-    where = (f"CPU ({'/'.join(map(str, threads))} thread{'' if threads == [1] else 's'})" if device == "cpu"
+    counts = "/".join(str(n) if n else "load-governed" for n in threads)
+    where = (f"CPU ({counts} thread{'' if threads == [1] else 's'})" if device == "cpu"
              else f"{device.upper()} ({torch.cuda.get_device_name()})" if device == "cuda" else device.upper())
     return TorchInfo(torch.__version__, device, threads, f"PyTorch {torch.__version__} on {where}", columns)
