@@ -291,9 +291,9 @@ def _torch_models(options: BaselineOptions) -> tuple[TorchModels, int | None]:
         return {}, None
     before = require_torch().get_num_threads()
     # none asked for: as a user gets it, the torch target's own governor (``torchpath.threads``) decides
+    if options.torch_threads and min(options.torch_threads) < 1:
+        raise MlxspecError(f"torch threads must be >= 1, got {min(options.torch_threads)}")
     settings = list(dict.fromkeys(options.torch_threads)) or [0]
-    if min(settings) < 1:
-        raise MlxspecError(f"torch threads must be >= 1, got {min(settings)}")
     return load_torch_columns(options.model, options.torch_dtypes, options.torch_device, settings), before
 
 
