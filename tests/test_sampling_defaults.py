@@ -11,9 +11,9 @@ from mlxspec.targets.sampling_defaults import SamplingDefaults, from_generation_
 
 def test_the_default_model_has_its_chosen_settings_with_their_source():
     d = sampling_defaults("default")
-    assert (d.temperature, d.top_p, d.top_k, d.min_p) == (0.2, 0.9, 0, 0.0)
+    assert (d.temperature, d.top_p, d.top_k, d.min_p) == (1.0, 1.0, 0, 0.1)
     assert "chat-defaults.md" in d.source and d == sampling_defaults(store.default_target())
-    assert d.label == "T=0.2 top-p 0.9"
+    assert d.label == "T=1 min-p 0.1"
 
 
 def test_a_folder_follows_its_generation_config(tmp_path):

@@ -75,8 +75,8 @@ def screen_text(app: ChatApp) -> str:
 
 
 SCRIPT_PIECES = [Piece(text, status) for _, _, pieces in SCRIPT for text, status in pieces]
-CHAT_DEFAULT = SamplingParams(0.2, 0.9)  # the chat's sampling for the default model (registry: chat_sampling)
-CHAT_DEFAULT_LABEL = "T=0.2 top-p=0.9"
+CHAT_DEFAULT = SamplingParams(1.0, min_p=0.1)  # the chat's sampling for the default model (registry: chat_sampling)
+CHAT_DEFAULT_LABEL = "T=1 min-p=0.1"
 
 
 def fake_app(**kw) -> tuple[ChatApp, FakeSource]:
@@ -429,10 +429,10 @@ def test_the_chats_defaults_are_the_models_recommended_settings(monkeypatch):
     monkeypatch.setattr(chat_app.ChatApp, "run", lambda self: made.append(self))
     monkeypatch.setattr(chat_app.ChatApp, "wait_for_worker_exit", lambda self: None)
     chat_app.run_chat(draft="none")
-    assert made[-1].settings.params == SamplingParams(0.2, 0.9) == CHAT_DEFAULT
+    assert made[-1].settings.params == SamplingParams(1.0, 1.0, 0, 0.1) == CHAT_DEFAULT
     assert made[-1].sampling_note.startswith(f"Sampling {CHAT_DEFAULT_LABEL} (the model's recommended: ")
     chat_app.run_chat(draft="none", temp=0.0)
-    assert made[-1].settings.params == SamplingParams(0.0, 0.9)
+    assert made[-1].settings.params == SamplingParams(0.0, 1.0, 0, 0.1)
     assert "(the rest the model's recommended" in made[-1].sampling_note
 
     async def go():  # and the Ready line and the panel show them
@@ -441,8 +441,8 @@ def test_the_chats_defaults_are_the_models_recommended_settings(monkeypatch):
             await ready(pilot, app)
             await pilot.pause()
             left = " ".join(" ".join(line.partition("▏")[0] for line in screen_lines(app)).split())
-            assert "Sampling T=0.2 top-p=0.9 (the model's recommended" in left
-            assert panel_rows(app)["temperature"] == "0.2  top-p 0.9"
+            assert "Sampling T=1 min-p=0.1 (the model's recommended" in left
+            assert panel_rows(app)["temperature"] == "1  min-p 0.1"
 
     run(go())
 
