@@ -24,8 +24,9 @@ FAMILIES = {
     "head_dim+bias": dict(explicit_head_dim=16, qkv_bias=True, o_bias=True, mlp_bias=True),
     "qwen3": dict(qk_norm=True, model_type="qwen3"),
     "untied": dict(tie_embeddings=False),
-    "no-gqa": dict(num_kv_heads=4),  # one query row per key head: padded to two
-    "long-down": dict(intermediate_size=1100),  # oneDNN's one-row path differs past 1,024
+    "no-gqa": dict(num_kv_heads=4),  # one query row per key head: padded to MIN_ROWS
+    "mqa": dict(num_kv_heads=1),  # one key head: a lone matrix, padded to two
+    "long-down": dict(intermediate_size=1100),  # oneDNN's one-row path differs past 1,024; SiLU's tail
 }
 
 
@@ -53,7 +54,7 @@ def rows_equal_one_token_passes(model, context: list[int], tokens: list[int]) ->
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("context", [1, 5, 1020])  # 1020 + 8 crosses a CHUNK of keys
+@pytest.mark.parametrize("context", [1, 5, 252])  # 252 + 8 crosses a KEY_BLOCK of keys
 def test_every_row_equals_the_one_token_pass_bitwise(family, context):
     model = torch_twin(**FAMILIES[family])
     assert invariant.make_batch_invariant(model)

@@ -14,10 +14,13 @@ Two kernels break that today (``benchmarks/verify_routes.py`` measures both):
   as for 1.
 * ``F.scaled_dot_product_attention`` sums over the keys in blocks whose boundaries depend on
   how many keys and queries the call holds, so a query among n gives other bits than the same
-  query alone. ``chunked_attention`` runs its two products through the same oneDNN kernel
-  (``rows_times``) and sums over the keys in chunks of at most ``CHUNK``, added in order in
-  Python, so a query sees the same sums whether it came alone or with the n - 1 after it
-  (their keys are masked, and masked keys add exact zeros).
+  query alone. ``chunked_attention`` writes attention out with batched MKL products whose rows
+  are independent of one another (at least 4 rows, two matrices) and sums over the keys in
+  blocks of ``KEY_BLOCK``, added in order in Python: a query sees the same sums whether it
+  came alone or with the n - 1 after it (their keys are masked, and masked keys add exact
+  zeros).
+* torch's vectorised elementwise loops hand a tensor's last (size % 32) elements to scalar
+  code, whose SiLU rounds differently; ``padded_silu`` keeps every element on the vector path.
 
 Whether a kernel is row-invariant is a property of the library build, not a documented
 promise, so ``tests/test_invariant.py`` checks the whole pass bitwise (n = 1..8) and the
@@ -30,9 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Attention sums over the keys this many at a time: oneDNN's sums past 1,024 terms are blocked
-# in ways that depend on the length.
-CHUNK = 1024
+# MKL's GEMM rows agree from this many rows up (see ``_batched``).
+MIN_ROWS = 4
+# Attention sums over the keys this many at a time (the KV cache grows by 256 positions too).
+KEY_BLOCK = 256
 # Elements per iteration of torch's vectorised elementwise loops (two AVX-512 registers); the
 # rest of a tensor runs scalar code.
 LANES = 32
@@ -94,31 +98,21 @@ def make_batch_invariant(model: nn.Module) -> bool:
     return True
 
 
-def lanewise(fn, x: torch.Tensor) -> torch.Tensor:
-    """``fn`` elementwise over x with its last dimension padded to a multiple of ``LANES``:
-    torch's vector loops leave the last (size % 32) elements of a tensor to scalar code, whose
-    SiLU (for one) rounds differently, so without the padding a row's bits would depend on how
-    many rows follow it. The padded columns are left in (callers slice them off)."""
-    pad = -x.shape[-1] % LANES
-    return fn(F.pad(x, (0, pad)) if pad else x)
-
-
 def padded_silu(x: torch.Tensor) -> torch.Tensor:
-    """SiLU with every row's elements on torch's vector path (``lanewise``)."""
-    return lanewise(F.silu, x)[..., : x.shape[-1]]
+    """SiLU with the last dimension zero-padded to a multiple of ``LANES``, so every element
+    runs torch's vector code whatever the number of rows (the scalar tail's SiLU rounds
+    differently)."""
+    pad = -x.shape[-1] % LANES
+    return F.silu(F.pad(x, (0, pad)))[..., : x.shape[-1]] if pad else F.silu(x)
 
 
-def rows_times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x (M, K) @ w (N, K)^T through oneDNN's inner product, whose rows have the same bits
-    for any M >= 2 and whose columns the same for any N >= 2 (measured for K <= 1,024); a
-    lone row or column is padded to two."""
-    m, n = x.shape[0], w.shape[0]
-    if m == 1:
-        x = x.repeat(2, 1)
-    if n == 1:
-        w = w.repeat(2, 1)
-    out = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-    return out[:m, :n]
+def _batched(x: torch.Tensor) -> torch.Tensor:
+    """x (G, M, K) with at least ``MIN_ROWS`` rows and two matrices, zero-padded: MKL's
+    float32 GEMM gives a row the same bits wherever it sits among 4 or more rows when a
+    batched product runs each matrix on one thread (two or more matrices); fewer rows, or a
+    lone matrix split across threads, sum in other orders."""
+    g, m, _ = x.shape
+    return F.pad(x, (0, 0, 0, max(0, MIN_ROWS - m), 0, max(0, 2 - g)))
 
 
 def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -128,32 +122,33 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     query heads of one key head consecutive, as ``enable_gqa`` reads them); ``mask`` (L, S)
     boolean, True where attended, or None (every key).
 
-    Products go through ``rows_times``. Over the keys, the exponentials times [v | 1] (values
-    and the softmax's denominator in one reduction) are summed ``CHUNK`` keys at a time, and
-    the chunks' parts added in order: oneDNN's sums are unchanged by masked (zero) keys after
-    the last attended one while the reduction is at most 1,024 long, so the last chunk of a
-    lone query and of a query among n give the same bits, and a wholly masked chunk adds
-    exact zeros."""
+    The keys are padded with masked ones to a multiple of ``KEY_BLOCK`` (a multiple of
+    ``LANES``: the exponentials run on torch's vector path only). Both products are batched
+    MKL GEMMs on ``_batched`` operands. The second sums over the keys ``KEY_BLOCK`` at a time,
+    each block its own matrix of the batch, and the blocks' parts are added in order: a query
+    meets the same blocks whether it came alone or with the n - 1 after it (their keys are
+    masked, and a masked key adds an exact zero), and a wholly masked block adds exact zeros.
+    Values and the softmax's denominator come out of the one product ([v | 1])."""
     B, H, L, D = q.shape
     hkv, S = k.shape[1], k.shape[2]
-    group = H // hkv
-    rows = group * L
-    out = q.new_empty(B, hkv, rows, D)
-    ones = k.new_ones(S, 1)
-    for b in range(B):
-        scores = torch.stack([rows_times(q[b, h * group:(h + 1) * group].reshape(rows, D), k[b, h])
-                              for h in range(hkv)]) * scale  # (hkv, rows, S)
-        if mask is not None:
-            scores = scores.view(hkv, group, L, S).masked_fill(~mask, float("-inf")).view(hkv, rows, S)
-        p = lanewise(torch.exp, scores - scores.amax(dim=-1, keepdim=True))[..., :S]  # the max is exact in any order
-        for h in range(hkv):
-            vt = torch.cat([v[b, h], ones], dim=-1).T.contiguous()  # (D + 1, S)
-            acc = None
-            for start in range(0, S, CHUNK):  # in order: a wholly masked chunk adds exact zeros
-                part = rows_times(p[h, :, start:start + CHUNK].contiguous(), vt[:, start:start + CHUNK].contiguous())
-                acc = part if acc is None else acc + part
-            out[b, h] = acc[:, :D] / acc[:, D:]
-    return out.view(B, H, L, D)
+    group, rows = H // hkv, H // hkv * L
+    width = S + (-S % KEY_BLOCK)
+    blocks, mats = width // KEY_BLOCK, B * hkv
+    keep = torch.ones(L, S, dtype=torch.bool, device=q.device) if mask is None else mask
+    drop = ~F.pad(keep, (0, width - S))  # padded keys are never attended
+    keys = F.pad(k, (0, 0, 0, width - S)).reshape(mats, width, D)
+    scores = (_batched(q.reshape(mats, rows, D)) @ _batched(keys).transpose(1, 2))[:mats, :rows] * scale
+    scores = scores.view(B, hkv, group, L, width).masked_fill(drop, float("-inf")).view(mats, rows, width)
+    p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # the max is exact in any order
+    p = p.view(mats, rows, blocks, KEY_BLOCK).transpose(1, 2).reshape(mats * blocks, rows, KEY_BLOCK)
+    cols = D + 1 + (-(D + 1) % LANES)  # MKL's kernels for narrow products (9 columns) vary by row
+    values = F.pad(torch.cat([v, v.new_ones(B, hkv, S, 1)], dim=-1), (0, cols - D - 1, 0, width - S))
+    parts = (_batched(p) @ _batched(values.reshape(mats * blocks, KEY_BLOCK, cols)))[:mats * blocks, :rows]
+    parts = parts.view(mats, blocks, rows, cols)
+    acc = parts[:, 0]
+    for i in range(1, blocks):  # in order: a wholly masked block adds exact zeros
+        acc = acc + parts[:, i]
+    return (acc[..., :D] / acc[..., D:D + 1]).view(B, H, L, D)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
