@@ -22,7 +22,8 @@ Timing: a cache holding ``--context`` tokens of a Spec-Bench prompt; one pass ov
 the cache trimmed back. Each round runs every (route, n) once, routes and sizes in rotating
 order so drift spreads evenly; two warm-up rounds. Reported: the median ms per (route, n) and
 its ratio to the same route's n = 1 median. The machine is shared, so the load average is
-printed beside them.
+printed beside them; under load, ``--clock cpu`` with one thread per library counts the work
+done rather than the time spent waiting for a core.
 """
 
 # ruff: noqa: I001
@@ -189,8 +190,9 @@ def invariance(backend: Any, context: list[int], tokens: list[int]) -> tuple[int
 
 
 def measure(routes: list[str], backends: dict[str, Any], context: list[int], tokens: list[int],
-            rounds: int) -> dict[str, list[list[float]]]:
-    """ms per (route, n) over ``rounds`` interleaved rounds (two warm-up rounds first)."""
+            rounds: int, clock: Any = time.perf_counter) -> dict[str, list[list[float]]]:
+    """ms per (route, n) over ``rounds`` interleaved rounds (two warm-up rounds first), by
+    ``clock`` (wall time, or this process's CPU time)."""
     caches = {}
     for r in routes:
         b = backends[r]
@@ -205,9 +207,9 @@ def measure(routes: list[str], backends: dict[str, Any], context: list[int], tok
             b = backends[r]
             b.use(r)
             for n in sizes[rnd % MAX_N:] + sizes[:rnd % MAX_N]:
-                t0 = time.perf_counter()
+                t0 = clock()
                 b.run(tokens[:n], caches[r])
-                dt = (time.perf_counter() - t0) * 1e3
+                dt = (clock() - t0) * 1e3
                 rewind(caches[r], n)
                 if rnd >= 2:
                     times[r][n - 1].append(dt)
@@ -221,6 +223,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default, as the engine)")
     ap.add_argument("--routes", default=",".join(TORCH_ROUTES + MLX_ROUTES))
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: this process's CPU seconds, which another process's load does not inflate "
+                         "(with one thread each: --threads 1 and OPENBLAS_NUM_THREADS=1)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     routes = [r for r in args.routes.split(",") if r]
@@ -248,7 +253,8 @@ def main() -> None:
         checks[r] = invariance(backends[r], context, tokens)
         print(f"{r}: {checks[r][0]}/{checks[r][1]} rows bitwise equal to the one-token passes", flush=True)
     load_before = os.getloadavg()
-    times = measure(routes, backends, context, tokens, args.rounds)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    times = measure(routes, backends, context, tokens, args.rounds, clock)
     load_after = os.getloadavg()
 
     results = []
@@ -257,7 +263,8 @@ def main() -> None:
         equal, rows, diff = checks[r]
         results.append(RouteResult(r, ms, [m / ms[0] for m in ms], equal, rows, diff))
     threads = torch.get_num_threads()
-    print(f"\ncontext {len(context)} tokens, {args.rounds} rounds, torch threads {threads}, "
+    print(f"\ncontext {len(context)} tokens, {args.rounds} rounds, {args.clock} clock, torch threads {threads}, "
+          f"OPENBLAS_NUM_THREADS {os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
           f"load average before {load_before[0]:.2f} / after {load_after[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"| route | n=1 ms | {' | '.join(f'{n}' for n in range(2, MAX_N + 1))} | rows bitwise equal | max diff |")
     print(f"|---|---|{'---|' * (MAX_N - 1)}---|---|")
@@ -266,7 +273,7 @@ def main() -> None:
               f"{res.equal_rows}/{res.rows} | {res.max_abs_diff:.1e} |")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"context": len(context), "rounds": args.rounds, "threads": threads,
+            json.dump({"context": len(context), "rounds": args.rounds, "threads": threads, "clock": args.clock,
                        "load_before": load_before, "load_after": load_after,
                        "raw_ms": times, "routes": [asdict(r) for r in results]}, f, indent=1)
 

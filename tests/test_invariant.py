@@ -12,8 +12,12 @@ import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
 
+from mlxspec.core import engine  # noqa: E402
 from mlxspec.core.cache import rewind  # noqa: E402
+from mlxspec.core.drafters import ModelDrafter  # noqa: E402
+from mlxspec.core.events import Step  # noqa: E402
 from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
+from mlxspec.core.sampling import SamplingParams  # noqa: E402
 from mlxspec.torchpath import invariant  # noqa: E402
 from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
 
@@ -63,6 +67,37 @@ def test_every_row_equals_the_one_token_pass_bitwise(family, context):
     assert all(all(r) for r in got), got
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_invariant_at_other_thread_counts(threads):
+    """The engine may run torch on fewer threads when cores are busy: each setting is invariant."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model = torch_twin(2)
+        invariant.make_batch_invariant(model)
+        got = rows_equal_one_token_passes(model, [(3 * i + 1) % 48 for i in range(252)], [11, 4, 30, 2, 47, 19, 8, 25])
+    finally:
+        torch.set_num_threads(before)
+    assert all(all(r) for r in got), got
+
+
+def test_greedy_speculation_emits_the_target_only_tokens():
+    """What the invariance is for: with a drafter (the target's first layer) and any K, greedy
+    output is the target-only output."""
+    model = torch_twin(3, num_layers=3)
+    invariant.make_batch_invariant(model)
+    prompt = [(5 * i + 2) % 48 for i in range(20)]
+
+    def tokens(drafter, k):
+        return [t.id for ev in engine.generate(model, prompt, SamplingParams(), 24, set(), 512, drafter=drafter, k=k)
+                if isinstance(ev, Step) for t in ev.tokens if t.emitted]
+
+    alone = tokens(None, 1)
+    assert len(alone) == 24
+    for k in (1, 3, 7):
+        assert tokens(ModelDrafter(model, "self:1", 1), k) == alone
+
+
 def test_the_plain_path_is_not_batch_invariant():
     """The check above can fail: today's kernels (MKL, fused attention) give other bits."""
     model = torch_twin(**FAMILIES["long-down"])
@@ -104,8 +139,8 @@ def test_parameters_keep_their_names_and_other_dtypes_are_left_alone():
 def test_real_model_rows_equal_one_token_passes_bitwise(lm):
     from mlxspec.torchpath.load import to_torch
 
-    model = to_torch(lm, "float32", "cpu").model
-    invariant.make_batch_invariant(model)
+    model = to_torch(lm, "float32", "cpu").model  # float32 on the CPU: the invariant kernels
+    assert model.batch_invariant
     ctx = lm.tokenizer.encode("Explain in two sentences why the moon has phases. " * 12)[:250]
     got = rows_equal_one_token_passes(model, ctx, lm.tokenizer.encode(" The moon orbits the Earth every month")[:8])
     assert all(all(r) for r in got), got

@@ -95,6 +95,7 @@ def make_batch_invariant(model: nn.Module) -> bool:
         block.self_attn.attend = chunked_attention
         block.mlp.act = padded_silu
     model.packed_head = PackedWeight(head)
+    model.batch_invariant = True
     return True
 
 

@@ -182,6 +182,7 @@ class Llama(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = Rope(cfg, device)
         self.packed_head: Any = None  # a PackedWeight once make_batch_invariant ran (not a submodule)
+        self.batch_invariant = False  # set by invariant.make_batch_invariant
 
     @classmethod
     def from_mlx(cls, mlx_model: Any, device: str = "cpu", dtype: str = "float32") -> Llama:
