@@ -2,16 +2,15 @@
 same bits as the one-token pass at that position, so greedy speculation equals target-only
 decoding by construction rather than by the luck of near-ties.
 
-Two kernels break that today (``benchmarks/verify_routes.py`` measures both):
+Three things break that today (``benchmarks/verify_routes.py`` measures the routes):
 
 * ``F.linear`` goes to MKL, whose one-row product (a GEMV) and n-row products (GEMMs, which
   agree with one another only from 4 rows up) sum in different orders. oneDNN's inner-product
   kernel on a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``) gives every row
   the same bits for 2 to 64 rows, whatever their place among the rows, and for one row too
   except where the reduction is longer than 1,024 (the MLP's down projection), where its one-row
-  path differs. So ``PackedWeight`` computes a single row as two (the row twice) and keeps the
-  first: every pass then runs the many-row kernel. It is also flatter than MKL's: the 49,152 x 576 head costs about as much for 8 rows
-  as for 1.
+  path differs. So ``PackedWeight`` pads fewer than ``MIN_ROWS`` rows with zero rows: every
+  pass then runs the many-row kernel, which is also the faster one, and flatter than MKL's.
 * ``F.scaled_dot_product_attention`` sums over the keys in blocks whose boundaries depend on
   how many keys and queries the call holds, so a query among n gives other bits than the same
   query alone. ``chunked_attention`` writes attention out with batched MKL products whose rows
@@ -33,7 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# MKL's GEMM rows agree from this many rows up (see ``_batched``).
+# Products get at least this many rows (zero rows padded, their outputs dropped). MKL's GEMM
+# rows agree from 4 rows up (see ``_batched``); oneDNN's from 2 (its one-row path sums long rows
+# in another order), and in a whole pass its kernel for 4 rows costs less than the one for 1 or
+# 2 (a projection 180 us against 280 us for 2 rows, one thread; the head 6.3 ms against 7.9 for
+# one row): padding changes nothing but the time.
 MIN_ROWS = 4
 # Attention sums over the keys this many at a time (the KV cache grows by 256 positions too).
 KEY_BLOCK = 256
@@ -53,17 +56,18 @@ class PackedWeight:
     row-invariant. Not a module: it holds an opaque oneDNN tensor and adds nothing to a
     ``state_dict``."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, min_rows: int = MIN_ROWS):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
         self.bias = None if bias is None else bias.detach()
+        self.min_rows = min_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        single = rows.shape[0] == 1
-        if single:  # oneDNN's one-row path sums long rows in another order: run the row twice
-            rows = rows.repeat(2, 1)
+        n = rows.shape[0]
+        if n < self.min_rows:  # see MIN_ROWS: zero rows, whose outputs are dropped
+            rows = F.pad(rows, (0, 0, 0, self.min_rows - n))
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return (out[:1] if single else out).reshape(*x.shape[:-1], out.shape[-1])
+        return out[:n].reshape(*x.shape[:-1], out.shape[-1])
 
 
 class PackedLinear(nn.Linear):
