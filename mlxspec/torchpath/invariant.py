@@ -139,21 +139,40 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     group, rows = H // hkv, H // hkv * L
     width = S + (-S % KEY_BLOCK)
     blocks, mats = width // KEY_BLOCK, B * hkv
-    keep = torch.ones(L, S, dtype=torch.bool, device=q.device) if mask is None else mask
-    drop = ~F.pad(keep, (0, width - S))  # padded keys are never attended
-    keys = F.pad(k, (0, 0, 0, width - S)).reshape(mats, width, D)
-    scores = (_batched(q.reshape(mats, rows, D)) @ _batched(keys).transpose(1, 2))[:mats, :rows] * scale
-    scores = scores.view(B, hkv, group, L, width).masked_fill(drop, float("-inf")).view(mats, rows, width)
+    padded_rows = max(rows, MIN_ROWS)  # and at least two matrices (``_batched``)
+    queries = _batched(q.reshape(mats, rows, D))
+    keys = _batched(F.pad(k, (0, 0, 0, width - S)).reshape(mats, width, D))
+    bias = _mask_bias(mask, B, hkv, group, L, S, width, q)  # (matrices, padded rows, width)
+    scores = torch.baddbmm(bias, queries, keys.transpose(1, 2), alpha=scale)
     p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # the max is exact in any order
-    p = p.view(mats, rows, blocks, KEY_BLOCK).transpose(1, 2).reshape(mats * blocks, rows, KEY_BLOCK)
-    cols = D + 1 + (-(D + 1) % LANES)  # MKL's kernels for narrow products (9 columns) vary by row
-    values = F.pad(torch.cat([v, v.new_ones(B, hkv, S, 1)], dim=-1), (0, cols - D - 1, 0, width - S))
-    parts = (_batched(p) @ _batched(values.reshape(mats * blocks, KEY_BLOCK, cols)))[:mats * blocks, :rows]
-    parts = parts.view(mats, blocks, rows, cols)
-    acc = parts[:, 0]
-    for i in range(1, blocks):  # in order: a wholly masked block adds exact zeros
-        acc = acc + parts[:, i]
-    return (acc[..., :D] / acc[..., D:D + 1]).view(B, H, L, D)
+    sums = p.view(-1, padded_rows, blocks, KEY_BLOCK).sum(dim=-1)  # per block: one shape for every query
+    values = _batched(F.pad(v, (0, 0, 0, width - S)).reshape(mats, width, D))
+    acc, total = None, None
+    for i in range(blocks):  # in order: a wholly masked block adds exact zeros
+        cols = slice(i * KEY_BLOCK, (i + 1) * KEY_BLOCK)
+        part = torch.bmm(p[:, :, cols], values[:, cols])
+        acc, total = (part, sums[..., i]) if acc is None else (acc + part, total + sums[..., i])
+    return (acc[:mats, :rows] / total[:mats, :rows, None]).view(B, H, L, D)
+
+
+_last_bias: list = [None, None]  # (what it was built for, the bias): the layers share one pass's mask
+
+
+def _mask_bias(mask: torch.Tensor | None, B: int, hkv: int, group: int, L: int, S: int, width: int,
+               like: torch.Tensor) -> torch.Tensor:
+    """0 where attended, -inf at masked and padded keys, shaped as the scores of
+    ``chunked_attention`` (``_batched``: matrices, padded rows, width). Built once per pass: the
+    cache key holds the mask itself, so its id is not reused while the bias is kept."""
+    key = (mask, B, hkv, group, L, S, width, like.dtype, like.device)
+    cached = _last_bias[0]
+    if cached is not None and cached[0] is mask and cached[1:] == key[1:]:
+        return _last_bias[1]
+    keep = torch.ones(L, S, dtype=torch.bool, device=like.device) if mask is None else mask
+    bias = torch.zeros(L, width, dtype=like.dtype, device=like.device)
+    bias.masked_fill_(~F.pad(keep, (0, width - S)), float("-inf"))
+    bias = _batched(bias.expand(B * hkv, group, L, width).reshape(B * hkv, group * L, width))
+    _last_bias[0], _last_bias[1] = key, bias
+    return bias
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
