@@ -128,12 +128,12 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     boolean, True where attended, or None (every key).
 
     The keys are padded with masked ones to a multiple of ``KEY_BLOCK`` (a multiple of
-    ``LANES``: the exponentials run on torch's vector path only). Both products are batched
-    MKL GEMMs on ``_batched`` operands. The second sums over the keys ``KEY_BLOCK`` at a time,
-    each block its own matrix of the batch, and the blocks' parts are added in order: a query
-    meets the same blocks whether it came alone or with the n - 1 after it (their keys are
-    masked, and a masked key adds an exact zero), and a wholly masked block adds exact zeros.
-    Values and the softmax's denominator come out of the one product ([v | 1])."""
+    ``LANES``: the exponentials run on torch's vector path only); the mask is an additive bias
+    built once per pass. Both products are batched MKL GEMMs on ``_batched`` operands. The
+    second, and the softmax's denominator, sum over the keys one ``KEY_BLOCK`` at a time, and
+    the blocks' parts are added in order in Python: a query meets the same blocks whether it
+    came alone or with the n - 1 after it (their keys are masked, and a masked key adds an
+    exact zero), and a wholly masked block adds exact zeros."""
     B, H, L, D = q.shape
     hkv, S = k.shape[1], k.shape[2]
     group, rows = H // hkv, H // hkv * L
@@ -155,7 +155,9 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return (acc[:mats, :rows] / total[:mats, :rows, None]).view(B, H, L, D)
 
 
-_last_bias: list = [None, None]  # (what it was built for, the bias): the layers share one pass's mask
+# (what it was built for, the bias), replaced as one tuple so concurrent passes never pair one
+# pass's key with another's bias: the layers of a pass share its mask.
+_last_bias: list = [None]
 
 
 def _mask_bias(mask: torch.Tensor | None, B: int, hkv: int, group: int, L: int, S: int, width: int,
@@ -164,14 +166,14 @@ def _mask_bias(mask: torch.Tensor | None, B: int, hkv: int, group: int, L: int, 
     ``chunked_attention`` (``_batched``: matrices, padded rows, width). Built once per pass: the
     cache key holds the mask itself, so its id is not reused while the bias is kept."""
     key = (mask, B, hkv, group, L, S, width, like.dtype, like.device)
-    cached = _last_bias[0]
-    if cached is not None and cached[0] is mask and cached[1:] == key[1:]:
-        return _last_bias[1]
+    entry = _last_bias[0]
+    if entry is not None and entry[0][0] is mask and entry[0][1:] == key[1:]:
+        return entry[1]
     keep = torch.ones(L, S, dtype=torch.bool, device=like.device) if mask is None else mask
     bias = torch.zeros(L, width, dtype=like.dtype, device=like.device)
     bias.masked_fill_(~F.pad(keep, (0, width - S)), float("-inf"))
     bias = _batched(bias.expand(B * hkv, group, L, width).reshape(B * hkv, group * L, width))
-    _last_bias[0], _last_bias[1] = key, bias
+    _last_bias[0] = (key, bias)
     return bias
 
 
