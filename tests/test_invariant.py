@@ -139,8 +139,8 @@ def test_parameters_keep_their_names_and_other_dtypes_are_left_alone():
 def test_real_model_rows_equal_one_token_passes_bitwise(lm):
     from mlxspec.torchpath.load import to_torch
 
-    model = to_torch(lm, "float32", "cpu").model
-    assert invariant.make_batch_invariant(model)
+    model = to_torch(lm, "float32", "cpu").model  # float32 on the CPU: the invariant kernels
+    assert model.batch_invariant
     ctx = lm.tokenizer.encode("Explain in two sentences why the moon has phases. " * 12)[:250]
     got = rows_equal_one_token_passes(model, ctx, lm.tokenizer.encode(" The moon orbits the Earth every month")[:8])
     assert all(all(r) for r in got), got
