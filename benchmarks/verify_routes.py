@@ -21,7 +21,7 @@ Routes (one model per backend; a route swaps its kernels in place, nothing else 
 Timing: a cache holding ``--context`` tokens of a Spec-Bench prompt; one pass over n tokens, then
 the cache trimmed back. Each round runs every (route, n) once, routes and sizes in rotating
 order so drift spreads evenly; two warm-up rounds. Reported: the median ms per (route, n) and
-its ratio to the same route's n = 1 median. The machine is shared, so the load average is
+the median over rounds of its ratio to the same route's one-token pass in that round. The machine is shared, so the load average is
 printed beside them; under load, ``--clock cpu`` with one thread per library counts the work
 done rather than the time spent waiting for a core.
 """
@@ -59,7 +59,7 @@ MAX_N = 8
 class RouteResult:
     route: str
     ms: list[float]  # median ms of a pass over n = 1..MAX_N tokens
-    ratios: list[float]  # ms[n] / ms[1]
+    ratios: list[float]  # the median over rounds of (ms over n tokens) / (ms over 1 token)
     equal_rows: int  # rows of the n = 1..MAX_N passes bitwise equal to the one-token pass
     rows: int
     max_abs_diff: float  # over all those rows
@@ -261,7 +261,9 @@ def main() -> None:
     for r in routes:
         ms = [statistics.median(t) for t in times[r]]
         equal, rows, diff = checks[r]
-        results.append(RouteResult(r, ms, [m / ms[0] for m in ms], equal, rows, diff))
+        # each round's pass over n against the same round's one-token pass: adjacent in time
+        ratios = [statistics.median(a / b for a, b in zip(times[r][n], times[r][0])) for n in range(MAX_N)]
+        results.append(RouteResult(r, ms, ratios, equal, rows, diff))
     threads = torch.get_num_threads()
     print(f"\ncontext {len(context)} tokens, {args.rounds} rounds, {args.clock} clock, torch threads {threads}, "
           f"OPENBLAS_NUM_THREADS {os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
