@@ -125,6 +125,18 @@ def test_chunked_attention_is_attention_with_masks():
     assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
 
 
+def test_a_weight_changed_in_place_is_packed_again():
+    model = torch_twin()
+    invariant.make_batch_invariant(model)
+    ids = torch.tensor([[3, 9, 4, 1]])
+    with torch.inference_mode():
+        before = model(ids, None)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
+    with torch.inference_mode():
+        assert not torch.equal(model(ids, None), before)
+
+
 def test_parameters_keep_their_names_and_other_dtypes_are_left_alone():
     model = torch_twin()
     names = list(model.state_dict())

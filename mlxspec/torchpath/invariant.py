@@ -57,16 +57,21 @@ class PackedWeight:
     ``state_dict``."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, min_rows: int = MIN_ROWS):
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        self.bias = None if bias is None else bias.detach()
-        self.min_rows = min_rows
+        self.weight, self.bias, self.min_rows = weight, bias, min_rows
+        self.packed, self.packed_version = None, -1
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # packed again whenever the weight changed in place (torch counts in-place writes), so
+        # the copy never goes stale (parity's power check scales a weight, for one)
+        if self.packed_version != self.weight._version:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+            self.packed_version = self.weight._version
+        bias = None if self.bias is None else self.bias.detach()
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]
         if n < self.min_rows:  # see MIN_ROWS: zero rows, whose outputs are dropped
             rows = F.pad(rows, (0, 0, 0, self.min_rows - n))
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
         return out[:n].reshape(*x.shape[:-1], out.shape[-1])
 
 
