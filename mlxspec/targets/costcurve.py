@@ -99,7 +99,11 @@ def curve_path(target: str, dtype: str, device: str | None = None) -> Path:
 def _device_of(lm: Any) -> str:
     """What the curve was measured on: MLX's device, or the torch backend and device."""
     backend = getattr(lm, "backend", "mlx")
-    return device_name() if backend == "mlx" else backend.replace(":", "-")
+    if backend == "mlx":
+        return device_name()
+    # the batch-invariant kernels have their own curve: one cached before them would mislead --k auto
+    kernels = "-invariant" if getattr(getattr(lm, "model", None), "batch_invariant", False) else ""
+    return backend.replace(":", "-") + kernels
 
 
 def stderr_line(text: str) -> None:

@@ -16,6 +16,7 @@ from mlxspec.core.model import Llama as MlxLlama
 from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import default_dtype, pick_device
 from mlxspec.torchpath import ops as torch_ops
+from mlxspec.torchpath.invariant import make_batch_invariant
 from mlxspec.torchpath.model import DTYPES, DraftModel, Eagle3Head as TorchEagle3Head, EagleHead as TorchEagleHead, Llama
 from mlxspec.torchpath.threads import ThreadGovernor
 
@@ -30,12 +31,16 @@ def torch_dtype(dtype: str, device: str) -> str:
 
 def to_torch(source: Any, dtype: str = "auto", device: str | None = None) -> Any:
     """A ``LoadedModel`` read by ``loading.load`` in float32, moved onto torch: the same
-    weights, on ``device`` (None: the best here), in ``dtype`` (auto: per device)."""
+    weights, on ``device`` (None: the best here), in ``dtype`` (auto: per device). In float32
+    on the CPU the target runs ``invariant``'s kernels: a verify pass's rows have the bits of
+    the one-token passes, its cost grows less with the tokens, and the one-token pass costs no
+    more (benchmarks/notes/2026-12-01-verify-routes.md)."""
     device = pick_device(device)
     dtype = torch_dtype(dtype, device)
     governor = ThreadGovernor(torch) if device == "cpu" else None  # it watches the load while the weights copy
     model = Llama.from_mlx(source.model, device, dtype)
     model.threads = governor
+    make_batch_invariant(model)
     return replace(source, model=model, dtype=dtype, backend=f"torch:{device}", source=source)
 
 

@@ -24,6 +24,7 @@ from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import ops
 from mlxspec.torchpath.cache import KVCache
+from mlxspec.torchpath.invariant import sdpa
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -104,6 +105,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm, self.k_norm = RMSNorm(hd, cfg.rms_norm_eps), RMSNorm(hd, cfg.rms_norm_eps)
+        self.attend = sdpa  # (q, k, v, mask, scale) -> out; invariant.make_batch_invariant swaps it
 
     def forward(self, x, mask, cache: KVCache | None, rope: Rope, cos, sin) -> torch.Tensor:
         cfg = self.cfg
@@ -116,8 +118,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, L, cfg.num_kv_heads, -1).transpose(1, 2)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.attn_scale,
-                                             enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+        out = self.attend(q, k, v, mask, cfg.attn_scale)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
 
 
@@ -127,9 +128,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = F.silu  # invariant.make_batch_invariant swaps it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
@@ -180,6 +182,8 @@ class Llama(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = Rope(cfg, device)
         self.threads = None  # a ThreadGovernor on the CPU (``torchpath.load``)
+        self.packed_head: Any = None  # a PackedWeight once make_batch_invariant ran (not a submodule)
+        self.batch_invariant = False  # set by invariant.make_batch_invariant
 
     @classmethod
     def from_mlx(cls, mlx_model: Any, device: str = "cpu", dtype: str = "float32") -> Llama:
@@ -220,6 +224,8 @@ class Llama(nn.Module):
         return h, tapped + ([h] if len(layers) in taps else [])
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
+        if self.packed_head is not None:
+            return self.packed_head(h)
         return h @ self.model.embed_tokens.weight.T if self.cfg.tie_embeddings else self.lm_head(h)
 
     def forward(self, tokens: torch.Tensor, cache: list[KVCache] | None, mask=None, positions=None,

@@ -1,0 +1,189 @@
+"""A batch-invariant target pass for torch on the CPU: row i of a pass over n tokens has the
+same bits as the one-token pass at that position, so greedy speculation equals target-only
+decoding by construction rather than by the luck of near-ties.
+
+Three things break that today (``benchmarks/verify_routes.py`` measures the routes):
+
+* ``F.linear`` goes to MKL, whose one-row product (a GEMV) and n-row products (GEMMs, which
+  agree with one another only from 4 rows up) sum in different orders. oneDNN's inner-product
+  kernel on a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``) gives every row
+  the same bits for 2 to 64 rows, whatever their place among the rows, and for one row too
+  except where the reduction is longer than 1,024 (the MLP's down projection), where its one-row
+  path differs. So ``PackedWeight`` pads fewer than ``MIN_ROWS`` rows with zero rows: every
+  pass then runs the many-row kernel, which is also the faster one, and flatter than MKL's.
+* ``F.scaled_dot_product_attention`` sums over the keys in blocks whose boundaries depend on
+  how many keys and queries the call holds, so a query among n gives other bits than the same
+  query alone. ``chunked_attention`` writes attention out with batched MKL products whose rows
+  are independent of one another (at least 4 rows, two matrices) and sums over the keys in
+  blocks of ``KEY_BLOCK``, added in order in Python: a query sees the same sums whether it
+  came alone or with the n - 1 after it (their keys are masked, and masked keys add exact
+  zeros).
+* torch's vectorised elementwise loops hand a tensor's last (size % 32) elements to scalar
+  code, whose SiLU rounds differently; ``padded_silu`` keeps every element on the vector path.
+
+Whether a kernel is row-invariant is a property of the library build, not a documented
+promise, so ``tests/test_invariant.py`` checks the whole pass bitwise (n = 1..8) and the
+library pin (torch 2.13.0) keeps the build fixed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Products get at least this many rows (zero rows padded, their outputs dropped). MKL's GEMM
+# rows agree from 4 rows up (see ``_batched``); oneDNN's from 2 (its one-row path sums long rows
+# in another order), and in a whole pass its kernel for 4 rows costs less than the one for 1 or
+# 2 (a projection 180 us against 280 us for 2 rows, one thread; the head 6.3 ms against 7.9 for
+# one row): padding changes nothing but the time.
+MIN_ROWS = 4
+# Attention sums over the keys this many at a time (the KV cache grows by 256 positions too).
+KEY_BLOCK = 256
+# Elements per iteration of torch's vectorised elementwise loops (two AVX-512 registers); the
+# rest of a tensor runs scalar code.
+LANES = 32
+
+
+def packing_available(weight: torch.Tensor) -> bool:
+    """oneDNN packing applies to float32 weights on the CPU of a torch built with it."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.backends.mkldnn.is_available())
+
+
+class PackedWeight:
+    """``F.linear(x, weight, bias)`` through oneDNN on a copy of ``weight`` packed once,
+    row-invariant. Not a module: it holds an opaque oneDNN tensor and adds nothing to a
+    ``state_dict``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, min_rows: int = MIN_ROWS):
+        self.weight, self.bias, self.min_rows = weight, bias, min_rows
+        self.packed, self.packed_version = None, -1
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # packed again whenever the weight changed in place (torch counts in-place writes), so
+        # the copy never goes stale (parity's power check scales a weight, for one)
+        if self.packed_version != self.weight._version:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+            self.packed_version = self.weight._version
+        bias = None if self.bias is None else self.bias.detach()
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0]
+        if n < self.min_rows:  # see MIN_ROWS: zero rows, whose outputs are dropped
+            rows = F.pad(rows, (0, 0, 0, self.min_rows - n))
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
+        return out[:n].reshape(*x.shape[:-1], out.shape[-1])
+
+
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward is a ``PackedWeight``'s; its parameters are the replaced
+    module's own, under the same names."""
+
+    def __init__(self, linear: nn.Linear):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.kernel = PackedWeight(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x)
+
+
+def make_batch_invariant(model: nn.Module) -> bool:
+    """Switch a torch ``Llama`` (``torchpath.model``) to the row-invariant kernels in place:
+    every block's projections packed for oneDNN, ``chunked_attention``, the head packed too.
+    False (nothing changed) where oneDNN packing does not apply (not float32 on the CPU)."""
+    head = model.lm_head.weight if hasattr(model, "lm_head") else model.model.embed_tokens.weight
+    if not packing_available(head):
+        return False
+    for block in model.model.layers:
+        for owner in (block.self_attn, block.mlp):
+            for name, child in list(owner.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(owner, name, PackedLinear(child))
+        block.self_attn.attend = chunked_attention
+        block.mlp.act = padded_silu
+    model.packed_head = PackedWeight(head)
+    model.batch_invariant = True
+    return True
+
+
+def padded_silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU with the last dimension zero-padded to a multiple of ``LANES``, so every element
+    runs torch's vector code whatever the number of rows (the scalar tail's SiLU rounds
+    differently)."""
+    pad = -x.shape[-1] % LANES
+    return F.silu(F.pad(x, (0, pad)))[..., : x.shape[-1]] if pad else F.silu(x)
+
+
+def _batched(x: torch.Tensor) -> torch.Tensor:
+    """x (G, M, K) with at least ``MIN_ROWS`` rows and two matrices, zero-padded: MKL's
+    float32 GEMM gives a row the same bits wherever it sits among 4 or more rows when a
+    batched product runs each matrix on one thread (two or more matrices); fewer rows, or a
+    lone matrix split across threads, sum in other orders."""
+    g, m, _ = x.shape
+    return F.pad(x, (0, 0, 0, max(0, MIN_ROWS - m), 0, max(0, 2 - g)))
+
+
+def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale, masked) v in which no reduction's bits depend on how many
+    queries the pass holds. q (B, H, L, D); k, v (B, Hkv, S, D), H a multiple of Hkv (the
+    query heads of one key head consecutive, as ``enable_gqa`` reads them); ``mask`` (L, S)
+    boolean, True where attended, or None (every key).
+
+    The keys are padded with masked ones to a multiple of ``KEY_BLOCK`` (a multiple of
+    ``LANES``: the exponentials run on torch's vector path only); the mask is an additive bias
+    built once per pass. Both products are batched MKL GEMMs on ``_batched`` operands. The
+    second, and the softmax's denominator, sum over the keys one ``KEY_BLOCK`` at a time, and
+    the blocks' parts are added in order in Python: a query meets the same blocks whether it
+    came alone or with the n - 1 after it (their keys are masked, and a masked key adds an
+    exact zero), and a wholly masked block adds exact zeros."""
+    B, H, L, D = q.shape
+    hkv, S = k.shape[1], k.shape[2]
+    group, rows = H // hkv, H // hkv * L
+    width = S + (-S % KEY_BLOCK)
+    blocks, mats = width // KEY_BLOCK, B * hkv
+    padded_rows = max(rows, MIN_ROWS)  # and at least two matrices (``_batched``)
+    queries = _batched(q.reshape(mats, rows, D))
+    keys = _batched(F.pad(k, (0, 0, 0, width - S)).reshape(mats, width, D))
+    bias = _mask_bias(mask, B, hkv, group, L, S, width, q)  # (matrices, padded rows, width)
+    scores = torch.baddbmm(bias, queries, keys.transpose(1, 2), alpha=scale)
+    p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # the max is exact in any order
+    sums = p.view(-1, padded_rows, blocks, KEY_BLOCK).sum(dim=-1)  # per block: one shape for every query
+    values = _batched(F.pad(v, (0, 0, 0, width - S)).reshape(mats, width, D))
+    acc, total = None, None
+    for i in range(blocks):  # in order: a wholly masked block adds exact zeros
+        cols = slice(i * KEY_BLOCK, (i + 1) * KEY_BLOCK)
+        part = torch.bmm(p[:, :, cols], values[:, cols])
+        acc, total = (part, sums[..., i]) if acc is None else (acc + part, total + sums[..., i])
+    return (acc[:mats, :rows] / total[:mats, :rows, None]).view(B, H, L, D)
+
+
+# (what it was built for, the bias), replaced as one tuple so concurrent passes never pair one
+# pass's key with another's bias: the layers of a pass share its mask.
+_last_bias: list = [None]
+
+
+def _mask_bias(mask: torch.Tensor | None, B: int, hkv: int, group: int, L: int, S: int, width: int,
+               like: torch.Tensor) -> torch.Tensor:
+    """0 where attended, -inf at masked and padded keys, shaped as the scores of
+    ``chunked_attention`` (``_batched``: matrices, padded rows, width). Built once per pass: the
+    cache key holds the mask itself, so its id is not reused while the bias is kept."""
+    key = (mask, B, hkv, group, L, S, width, like.dtype, like.device)
+    entry = _last_bias[0]
+    if entry is not None and entry[0][0] is mask and entry[0][1:] == key[1:]:
+        return entry[1]
+    keep = torch.ones(L, S, dtype=torch.bool, device=like.device) if mask is None else mask
+    bias = torch.zeros(L, width, dtype=like.dtype, device=like.device)
+    bias.masked_fill_(~F.pad(keep, (0, width - S)), float("-inf"))
+    bias = _batched(bias.expand(B * hkv, group, L, width).reshape(B * hkv, group * L, width))
+    _last_bias[0] = (key, bias)
+    return bias
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+         scale: float) -> torch.Tensor:
+    """torch's fused attention (fastest, not row-invariant on the CPU)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])

@@ -1,0 +1,158 @@
+"""The batch-invariant torch pass (``mlxspec/torchpath/invariant.py``): every row of a pass over
+n tokens has the bits of the one-token pass at that position (n = 1..8), so greedy speculation
+equals target-only decoding by construction. The plain path is checked too, so the test shows
+it can fail: the plain path's rows differ."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
+
+from mlxspec.core import engine  # noqa: E402
+from mlxspec.core.cache import rewind  # noqa: E402
+from mlxspec.core.drafters import ModelDrafter  # noqa: E402
+from mlxspec.core.events import Step  # noqa: E402
+from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
+from mlxspec.core.sampling import SamplingParams  # noqa: E402
+from mlxspec.torchpath import invariant  # noqa: E402
+from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
+
+BASE = dict(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+FAMILIES = {
+    "llama": {},
+    "gguf-rope": dict(rope_traditional=True),
+    "head_dim+bias": dict(explicit_head_dim=16, qkv_bias=True, o_bias=True, mlp_bias=True),
+    "qwen3": dict(qk_norm=True, model_type="qwen3"),
+    "untied": dict(tie_embeddings=False),
+    "no-gqa": dict(num_kv_heads=4),  # one query row per key head: padded to MIN_ROWS
+    "mqa": dict(num_kv_heads=1),  # one key head: a lone matrix, padded to two
+    "long-down": dict(intermediate_size=1100),  # oneDNN's one-row path differs past 1,024; SiLU's tail
+}
+
+
+def torch_twin(seed: int = 0, **family) -> TorchLlama:
+    mx.random.seed(seed)
+    m = Llama(LlamaConfig(**{**BASE, **family}))
+    mx.eval(m.parameters())
+    return TorchLlama.from_mlx(m)
+
+
+def rows_equal_one_token_passes(model, context: list[int], tokens: list[int]) -> list[list[bool]]:
+    """For n = 1..len(tokens): whether each row of one pass over tokens[:n] (after ``context``)
+    equals, bitwise, the one-token pass that decodes tokens[i] at that position."""
+    with torch.inference_mode():
+        cache = model.make_cache()
+        model(torch.tensor([context]), cache)
+        singles = [model(torch.tensor([[t]]), cache)[0, 0] for t in tokens]
+        rewind(cache, len(tokens))
+        out = []
+        for n in range(1, len(tokens) + 1):
+            rows = model(torch.tensor([tokens[:n]]), cache)[0]
+            rewind(cache, n)
+            out.append([torch.equal(rows[i], singles[i]) for i in range(n)])
+        return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("context", [1, 5, 252])  # 252 + 8 crosses a KEY_BLOCK of keys
+def test_every_row_equals_the_one_token_pass_bitwise(family, context):
+    model = torch_twin(**FAMILIES[family])
+    assert invariant.make_batch_invariant(model)
+    ctx = [(7 * i + 3) % 48 for i in range(context)]
+    got = rows_equal_one_token_passes(model, ctx, [11, 4, 30, 2, 47, 19, 8, 25])
+    assert all(all(r) for r in got), got
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_invariant_at_other_thread_counts(threads):
+    """The engine may run torch on fewer threads when cores are busy: each setting is invariant."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model = torch_twin(2)
+        invariant.make_batch_invariant(model)
+        got = rows_equal_one_token_passes(model, [(3 * i + 1) % 48 for i in range(252)], [11, 4, 30, 2, 47, 19, 8, 25])
+    finally:
+        torch.set_num_threads(before)
+    assert all(all(r) for r in got), got
+
+
+def test_greedy_speculation_emits_the_target_only_tokens():
+    """What the invariance is for: with a drafter (the target's first layer) and any K, greedy
+    output is the target-only output."""
+    model = torch_twin(3, num_layers=3)
+    invariant.make_batch_invariant(model)
+    prompt = [(5 * i + 2) % 48 for i in range(20)]
+
+    def tokens(drafter, k):
+        return [t.id for ev in engine.generate(model, prompt, SamplingParams(), 24, set(), 512, drafter=drafter, k=k)
+                if isinstance(ev, Step) for t in ev.tokens if t.emitted]
+
+    alone = tokens(None, 1)
+    assert len(alone) == 24
+    for k in (1, 3, 7):
+        assert tokens(ModelDrafter(model, "self:1", 1), k) == alone
+
+
+def test_the_plain_path_is_not_batch_invariant():
+    """The check above can fail: today's kernels (MKL, fused attention) give other bits."""
+    model = torch_twin(**FAMILIES["long-down"])
+    got = rows_equal_one_token_passes(model, [(7 * i + 3) % 48 for i in range(40)], [11, 4, 30, 2, 47, 19, 8, 25])
+    assert not all(all(r) for r in got)
+
+
+def test_invariant_pass_matches_the_plain_one_to_float_rounding():
+    model = torch_twin(1, **FAMILIES["head_dim+bias"])
+    ids = torch.tensor([[(5 * i + 1) % 48 for i in range(300)]])
+    with torch.inference_mode():
+        plain = model(ids, model.make_cache())
+        invariant.make_batch_invariant(model)
+        packed = model(ids, model.make_cache())
+    assert float((plain - packed).abs().max() / plain.abs().max()) < 1e-5
+
+
+def test_chunked_attention_is_attention_with_masks():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, 16, generator=g) for h, n in ((6, 5), (2, 300), (2, 300)))
+    mask = torch.rand(5, 300, generator=g) < 0.7
+    mask[:, 0] = True
+    want = invariant.sdpa(q, k, v, mask, 0.25)
+    got = invariant.chunked_attention(q, k, v, mask, 0.25)
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_a_weight_changed_in_place_is_packed_again():
+    model = torch_twin()
+    invariant.make_batch_invariant(model)
+    ids = torch.tensor([[3, 9, 4, 1]])
+    with torch.inference_mode():
+        before = model(ids, None)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
+    with torch.inference_mode():
+        assert not torch.equal(model(ids, None), before)
+
+
+def test_parameters_keep_their_names_and_other_dtypes_are_left_alone():
+    model = torch_twin()
+    names = list(model.state_dict())
+    assert invariant.make_batch_invariant(model)
+    assert list(model.state_dict()) == names
+    half = torch_twin().to(torch.float16)
+    assert not invariant.make_batch_invariant(half)
+    assert half.packed_head is None
+
+
+@pytest.mark.model
+def test_real_model_rows_equal_one_token_passes_bitwise(lm):
+    from mlxspec.torchpath.load import to_torch
+
+    model = to_torch(lm, "float32", "cpu").model  # float32 on the CPU: the invariant kernels
+    assert model.batch_invariant
+    ctx = lm.tokenizer.encode("Explain in two sentences why the moon has phases. " * 12)[:250]
+    got = rows_equal_one_token_passes(model, ctx, lm.tokenizer.encode(" The moon orbits the Earth every month")[:8])
+    assert all(all(r) for r in got), got
