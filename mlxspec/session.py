@@ -11,7 +11,7 @@ from typing import Any
 
 from mlxspec.core.autok import DEFAULT_MAX_K, k_policy
 from mlxspec.core.drafters import Drafter, KPolicy, can_branch
-from mlxspec.core.engine import generate
+from mlxspec.core.engine import generate, token_budget
 from mlxspec.core.events import Event, Status, Step, Token
 from mlxspec.core.prompt_cache import UNLIMITED, PromptCache
 from mlxspec.core.sampling import SamplingParams
@@ -61,6 +61,8 @@ class Session:
         self._curve: CostCurve | None = None  # the curve the policies were built on, once asked for
         self._drafters: dict[str, Drafter | None] = {}
         self._policies: dict[str, KPolicy] = {}
+        self._policy: Any = None
+        self._make_policy: Callable[[], Any] | None = None
         self.use(draft, k, tree)
 
     @classmethod
@@ -88,12 +90,26 @@ class Session:
         if hasattr(k, "next_k"):  # a KPolicy made by the caller
             self.policy = k
         elif isinstance(draft, str) and drafter is not None and k in (None, "auto"):
-            if draft not in self._policies:  # one AutoK per drafter, learning across turns
-                self._policies[draft] = k_policy(k, drafter, self.cost_curve)
-            self.policy = self._policies[draft]
+            def shared() -> KPolicy:  # one AutoK per drafter, learning across turns
+                if draft not in self._policies:
+                    self._policies[draft] = k_policy(k, drafter, self.cost_curve)
+                return self._policies[draft]
+            self._make_policy = shared
         else:
-            self.policy = k_policy(k, drafter, self.cost_curve)
+            self._make_policy = lambda: k_policy(k, drafter, self.cost_curve)
         return self
+
+    @property
+    def policy(self) -> Any:
+        """The K policy: made when first asked for, so a prompt too long for the context is
+        refused before ``--k auto`` measures this machine's verify cost."""
+        if self._make_policy is not None:
+            self._policy, self._make_policy = self._make_policy(), None
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: Any) -> None:
+        self._policy, self._make_policy = value, None
 
     def drafter_for(self, draft: str | Drafter | None) -> Drafter | None:
         if not isinstance(draft, str):
@@ -133,7 +149,9 @@ class Session:
         set decodes exactly ``max_tokens``); ``keep``: reuse a kept cache and keep this call's
         (``kept``); ``node_stats``: every tree node's statistics (``mlxspec study``);
         ``logprobs``: each emitted token's log-probability, with this many alternatives."""
-        events = generate(self.lm.model, self.encode(prompt, raw), params, max_tokens,
+        ids = self.encode(prompt, raw)
+        token_budget(ids, max_tokens, self.lm.context_length)  # before the policy measures anything
+        events = generate(self.lm.model, ids, params, max_tokens,
                           self.stop_ids if stop_ids is None else stop_ids, self.lm.context_length, seed,
                           self.drafter, self.policy, self.kept if keep else None, tree=self.tree, node_stats=node_stats,
                           logprobs=logprobs)

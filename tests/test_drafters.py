@@ -151,12 +151,12 @@ def test_the_default_target_drafts_by_prompt_lookup_by_default():
 
 
 @pytest.mark.model
-def test_default_is_target_only_and_the_shipped_drafts_load_by_name(lm):
+def test_default_is_prompt_lookup_and_the_shipped_drafts_load_by_name(lm):
     from mlxspec.core.drafters.eagle import EagleDrafter
     from mlxspec.targets.drafts import make_drafter
     from mlxspec.core.drafters.draft_model import DraftModel
 
-    assert make_drafter("default", lm) is None
+    assert make_drafter("default", lm).name == "ngram:3"
     d = make_drafter("smollm2-135m-draft", lm)
     assert d.name == "smollm2-135m-draft" and isinstance(d.model, DraftModel)
     assert d.model.cfg.tokenizer_sha256  # it was checked against the target's tokenizer on load

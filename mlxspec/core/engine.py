@@ -38,8 +38,9 @@ from mlxspec.errors import MlxspecError
 NOT_TRIMMABLE_HINT = "; decode it target-only (--draft none)"
 
 
-def _token_budget(prompt: list[int], max_tokens: int, context: int) -> tuple[int, str]:
-    """How many tokens may be generated, and the stop reason once that many are."""
+def token_budget(prompt: list[int], max_tokens: int, context: int) -> tuple[int, str]:
+    """How many tokens may be generated, and the stop reason once that many are; an error for
+    a prompt that leaves no room."""
     if max_tokens <= 0:
         raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
     if not prompt:
@@ -66,7 +67,7 @@ def generate_plain(
     cache from an earlier call to reuse, and to leave this call's cache in. ``logprobs``: as
     ``generate``."""
     ops = ops_for(model)
-    limit, at_limit = _token_budget(prompt, max_tokens, context)
+    limit, at_limit = token_budget(prompt, max_tokens, context)
     reuse = kept.take(prompt[:-1], False) if kept else Reuse()
     cache, n_kept = reuse.cache if reuse.cache is not None else model.make_cache(), reuse.n
     key = ops.key(seed)
@@ -287,7 +288,7 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
     if drafter is None:
         yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept, logprobs)
         return
-    limit, reason = _token_budget(prompt, max_tokens, context)
+    limit, reason = token_budget(prompt, max_tokens, context)
     if tree is not None:
         _check_tree(model, drafter, tree, prompt, context)
     policy = FixedK(k) if isinstance(k, int) else k
