@@ -423,6 +423,7 @@ def test_backend_auto_is_torch_on_a_linux_cpu_where_it_runs_the_model(monkeypatc
     assert prefer_torch(model, "auto") and prefer_torch(model, "float32")
     assert not prefer_torch(model, "float16")  # half precision on a CPU: MLX's
     assert not prefer_torch(object(), "auto")  # a model only mlx-lm's class runs
+    assert not prefer_torch(type("MlxLmTarget", (), {"cfg": object()})(), "auto")
     monkeypatch.setattr(torchpath.sys, "platform", "darwin")
     assert not prefer_torch(model, "auto")  # Apple silicon: MLX on the GPU
     monkeypatch.setattr(torchpath.sys, "platform", "linux")

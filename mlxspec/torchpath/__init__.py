@@ -50,7 +50,9 @@ def prefer_torch(model: Any, dtype: str) -> bool:
         return False
     import mlx.core as mx
 
-    if mx.default_device() != mx.cpu or getattr(model, "cfg", None) is None:
+    from mlxspec.core.model import Llama
+
+    if mx.default_device() != mx.cpu or not isinstance(model, Llama):  # not one mlx-lm's class runs
         return False
     from mlxspec.torchpath.model import check_supported
 
