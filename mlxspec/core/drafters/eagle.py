@@ -56,7 +56,24 @@ class EagleConfig:
         return asdict(self)
 
 
-class EagleHead(nn.Module):
+class DraftVocabHead(nn.Module):
+    """What the eagle heads share: a call is (prediction, logits over the draft vocabulary), from
+    the head's own ``predict`` and ``logits``; ``full_logits`` lifts those to the target's."""
+
+    def __call__(self, features: mx.array, tokens: mx.array, cache: list | None = None, mask: Any = None,
+                 positions: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        pred = self.predict(features, tokens, cache, mask, positions)
+        return pred, self.logits(pred)
+
+    def full_logits(self, reduced: mx.array) -> mx.array:
+        """Draft-vocabulary logits (..., draft_vocab) -> the target's vocabulary, -inf outside
+        the draft's ids (``vocab_ids``), so verification gives them q = 0."""
+        full = mx.full((*reduced.shape[:-1], self.cfg.target_vocab), -mx.inf, dtype=reduced.dtype)
+        full[..., self.vocab_ids] = reduced
+        return full
+
+
+class EagleHead(DraftVocabHead):
     """``head(features, tokens, cache)`` -> (predicted next features, logits over ``vocab_ids``).
 
     features (B, L, D) are target features (or the head's own predictions) at slots s, tokens
@@ -95,16 +112,6 @@ class EagleHead(nn.Module):
     def logits(self, pred: mx.array) -> mx.array:
         return self.lm_head(pred)
 
-    def __call__(self, features: mx.array, tokens: mx.array, cache: list | None = None, mask: Any = None,
-                 positions: mx.array | None = None) -> tuple[mx.array, mx.array]:
-        pred = self.predict(features, tokens, cache, mask, positions)
-        return pred, self.logits(pred)
-
-    def full_logits(self, reduced: mx.array) -> mx.array:
-        """Reduced logits (..., head_vocab) -> full vocabulary, -inf outside the head's ids."""
-        full = mx.full((*reduced.shape[:-1], self.cfg.target_vocab), -mx.inf, dtype=reduced.dtype)
-        full[..., self.vocab_ids] = reduced
-        return full
 
 
 class EagleDrafter:

@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from mlxspec.core.drafters.eagle import DraftVocabHead
 from mlxspec.core.model import Attention, LlamaConfig, MLP, Unowned, check_rope_scaling
 
 
@@ -121,7 +122,7 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftVocabHead):
     """``head(features, tokens, cache)`` -> (the head's next feature, logits over its draft
     vocabulary). ``features`` (B, L, F) are the target's tapped states (F = ``cfg.fc_in``, fused
     by ``fc``) or the head's own earlier outputs (F = ``cfg.hidden_size``, read as they are: the
@@ -169,13 +170,3 @@ class Eagle3Head(nn.Module):
     def logits(self, pred: mx.array) -> mx.array:
         return self.lm_head(self.norm(pred))
 
-    def __call__(self, features: mx.array, tokens: mx.array, cache: list | None = None, mask: Any = None,
-                 positions: mx.array | None = None) -> tuple[mx.array, mx.array]:
-        pred = self.predict(features, tokens, cache, mask, positions)
-        return pred, self.logits(pred)
-
-    def full_logits(self, reduced: mx.array) -> mx.array:
-        """Draft-vocabulary logits (..., draft_vocab) -> the target's vocabulary, -inf outside."""
-        full = mx.full((*reduced.shape[:-1], self.cfg.target_vocab), -mx.inf, dtype=reduced.dtype)
-        full[..., self.vocab_ids] = reduced
-        return full
