@@ -20,14 +20,11 @@ from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
 from mlxspec.core.sampling import SamplingParams  # noqa: E402
 from mlxspec.torchpath import invariant  # noqa: E402
 from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
+from tiny import TWIN_BASE, TWIN_FAMILIES  # noqa: E402
 
-BASE = dict(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+BASE = TWIN_BASE
 FAMILIES = {
-    "llama": {},
-    "gguf-rope": dict(rope_traditional=True),
-    "head_dim+bias": dict(explicit_head_dim=16, qkv_bias=True, o_bias=True, mlp_bias=True),
-    "qwen3": dict(qk_norm=True, model_type="qwen3"),
-    "untied": dict(tie_embeddings=False),
+    **TWIN_FAMILIES,
     "no-gqa": dict(num_kv_heads=4),  # one query row per key head: padded to MIN_ROWS
     "mqa": dict(num_kv_heads=1),  # one key head: a lone matrix, padded to two
     "long-down": dict(intermediate_size=1100),  # oneDNN's one-row path differs past 1,024; SiLU's tail

@@ -45,19 +45,16 @@ from mlxspec.torchpath import ops as torch_ops  # noqa: E402
 from mlxspec.torchpath import verify as torch_verify  # noqa: E402
 from mlxspec.torchpath.cache import KVCache, keep_rows  # noqa: E402
 from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
+from tiny import TWIN_BASE, TWIN_FAMILIES  # noqa: E402
 
 runner = CliRunner()
 
-BASE = dict(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+BASE = TWIN_BASE
 FAMILIES = {
-    "llama": {},
-    "gguf-rope": dict(rope_traditional=True),
-    "head_dim+bias": dict(explicit_head_dim=16, qkv_bias=True, o_bias=True, mlp_bias=True),
-    "qwen3": dict(qk_norm=True, model_type="qwen3"),
+    **TWIN_FAMILIES,
     "llama3-rope": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
     "linear-rope": dict(rope_scaling={"type": "linear", "factor": 2.0}),
-    "untied": dict(tie_embeddings=False),
 }
 
 

@@ -26,6 +26,19 @@ class _Vocab:
         return dict(self.tokens)
 
 
+
+# Tiny configurations of the llama-type families both backends implement: torch twins and the
+# batch-invariant kernels are checked on each (tests add their own families beside these).
+TWIN_BASE = dict(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+TWIN_FAMILIES = {
+    "llama": {},
+    "gguf-rope": dict(rope_traditional=True),
+    "head_dim+bias": dict(explicit_head_dim=16, qkv_bias=True, o_bias=True, mlp_bias=True),
+    "qwen3": dict(qk_norm=True, model_type="qwen3"),
+    "untied": dict(tie_embeddings=False),
+}
+
+
 def tiny_target(seed: int = 0, vocab: dict[str, int] | None = None) -> SimpleNamespace:
     """Just what draft code reads of a ``LoadedModel``."""
     mx.random.seed(seed)
