@@ -189,7 +189,7 @@ def bench(
     warmup: int = typer.Option(1, help="Untimed warm-up runs."),
     repeats: int = typer.Option(1, help="Timed repeats (the methods' order rotates from prompt to prompt and repeat to repeat)."),
     mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts; beside an eagle head, the target's first 8 layers)."),
-    mlx_lm_draft: Optional[str] = typer.Option(None, "--mlx-lm-draft", help="The draft mlx-lm's peer runs instead (a registry draft, a draft folder or self:L), e.g. its best one for this target when --draft is an eagle head."),
+    mlx_lm_draft: Optional[str] = typer.Option(None, "--mlx-lm-draft", help="The draft mlx-lm's peer runs instead (a registry draft, a draft folder or self:L), e.g. its best one for this target when --draft is an eagle head; none: mlx-lm target-only (its fastest where no draft pays). With --backend torch the peer runs on the MLX weights the target was copied from."),
     mlx_lm_k: Optional[int] = typer.Option(None, "--mlx-lm-k", help="Draft tokens per step of mlx-lm's peer (default: --k; 4 under --k auto), e.g. its fastest K from a sweep."),
     dtype: str = DtypeOpt,
     seed: int = typer.Option(0, help="Sampling seed."),

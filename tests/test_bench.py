@@ -446,6 +446,27 @@ def test_spec_bench_peer_with_its_own_draft_and_k(lm):
     assert "1 draft tokens a step" in out.getvalue()
 
 
+@pytest.mark.model
+def test_spec_bench_on_torch_against_mlx_lm_target_only():
+    """The default's question in one run: our torch target with the cascade against torch
+    target-only and mlx-lm decoding the same MLX weights alone (``--mlx-lm-draft none``)."""
+    from mlxspec.targets.loading import load
+
+    tl = load("default", backend="torch:cpu")
+    result = bench.spec_bench(bench.SpecOptions(tl, "ngram:3+smollm2-135m-eagle", k="auto", temps=(0.0,),
+                                                categories=["qa"], per_category=1, max_tokens=6, warmup=0,
+                                                repeats=1, with_mlx_lm=True, peer_draft="none"))
+    data = result.to_json()
+    assert data["mlx_lm"]["description"] == "mlx-lm stream_generate, target-only (no draft model)"
+    (peer,) = [r for r in data["runs"] if r["method"] == "mlx_lm"]
+    assert 0 < peer["generated_tokens"] <= 6 and set(peer["drafted"]) == {0} and set(peer["accepted"]) == {0}
+    assert any("mlxspec / mlx-lm target-only = " in v["text"] for v in data["verdicts"])
+    assert all(r["identical_to_target"] for r in data["runs"] if r["method"] == "spec")
+    plain = bench.spec_bench(bench.SpecOptions(tl, "ngram:3", k=2, temps=(0.0,), categories=["qa"], per_category=1,
+                                               max_tokens=4, warmup=0, repeats=1))
+    assert plain.to_json()["mlx_lm"] is None and "--mlx-lm-draft none" in plain.to_json()["mlx_lm_reason"]
+
+
 def test_spec_runs_rotate_every_method_through_every_position():
     """Three methods over three prompts: each runs first, second and third once (a reversed
     order would keep the middle one in the middle for ever)."""

@@ -409,8 +409,9 @@ def test_a_draft_that_names_no_drafter_is_refused_before_anything_opens(command,
     monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("loaded a model for a bad --draft"))
     one_line_error(invoke(*command, "--draft", "banana"),
                    r"unknown drafter 'banana': not one of none, default, ngram\[:N\], suffix\[:N\], self:L, "
-                   r"a shipped draft \(smollm2-135m-draft, smollm2-135m-eagle\)")
+                   r"A\+B \(a cascade\), a shipped draft \(smollm2-135m-draft, smollm2-135m-eagle\)")
     one_line_error(invoke(*command, "--draft", "self:abc"), "expected self:L with L an integer")
+    one_line_error(invoke(*command, "--draft", "ngram:3+banana"), r"unknown drafter 'banana'")
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny import VOCAB, tiny_target
+from tiny import VOCAB, StopTraining, stop_after, tiny_target
 
 from mlxspec.core.drafters import Commit
 from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
@@ -176,25 +176,13 @@ def test_resume_is_exact(target, tmp_path):
     cfg = EagleTrainConfig(steps=6, batch=2, context=16, k=2, checkpoint_every=3)
     whole = new_head(target, ids)
     train_head(whole, data, rows, cfg, tmp_path / "whole")
-    with pytest.raises(_Stop):  # interrupted right after the step-3 checkpoint
-        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", on_step=_stop_after(3))
+    with pytest.raises(StopTraining):  # interrupted right after the step-3 checkpoint
+        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", on_step=stop_after(3))
     resumed = new_head(target, ids)
     history = train_head(resumed, data, rows, cfg, tmp_path / "cut", resume=True)
     assert [h.step for h in history] == [1, 2, 3, 4, 5, 6]
     for (k, a), (_, b) in zip(_flat(whole), _flat(resumed)):
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
-
-
-class _Stop(Exception):
-    pass
-
-
-def _stop_after(n: int):
-    def on_step(log):
-        if log.step == n:
-            raise _Stop
-
-    return on_step
 
 
 # ----------------------------------------------------------------------------- training on torch
@@ -257,8 +245,8 @@ def test_torch_training_improves_its_objective_and_resumes_exactly(target, tmp_p
     whole = new_head(target, ids)
     history = run(whole, tmp_path / "whole")
     assert history[-1].loss < history[0].loss
-    with pytest.raises(_Stop):
-        run(new_head(target, ids), tmp_path / "cut", on_step=_stop_after(3))
+    with pytest.raises(StopTraining):
+        run(new_head(target, ids), tmp_path / "cut", on_step=stop_after(3))
     with pytest.raises(MlxspecError, match="trained on torch, not mlx"):
         train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", resume=True)
     resumed = new_head(target, ids)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from exact import EXACT_CFG, EXACT_TV, EXACT_VOCAB, PROMPT, engine_distribution, exact_joint, exact_llama, tv
+from tiny import StopTraining, stop_after
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx.utils import tree_flatten
@@ -524,26 +525,14 @@ def test_training_improves_the_chain_and_resumes_exactly(tmp_path):
     before = chain(whole)
     train_head(whole, data, rows, cfg, tmp_path / "whole")
     assert chain(whole) > before
-    with pytest.raises(_Stop):  # interrupted right after the step-3 checkpoint
-        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", on_step=_stop_after(3))
+    with pytest.raises(StopTraining):  # interrupted right after the step-3 checkpoint
+        train_head(new_head(target, ids), data, rows, cfg, tmp_path / "cut", on_step=stop_after(3))
     assert (tmp_path / "cut" / "checkpoint" / "model.safetensors").is_file()
     resumed = new_head(target, ids)
     history = train_head(resumed, data, rows, cfg, tmp_path / "cut", resume=True)
     assert [h.step for h in history] == list(range(1, 7))
     for (k, a), (_, b) in zip(tree_flatten(whole.parameters()), tree_flatten(resumed.parameters())):
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
-
-
-class _Stop(Exception):
-    pass
-
-
-def _stop_after(n: int):
-    def on_step(log):
-        if log.step == n:
-            raise _Stop
-
-    return on_step
 
 
 def test_a_head_trained_for_another_tokenizer_is_refused(target, tmp_path):

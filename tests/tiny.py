@@ -119,3 +119,16 @@ def random_head(target, seed: int = 1):
 def features(target, tokens: list[int]) -> mx.array:
     """The target's last hidden states over ``tokens``: what an eagle head drafts from."""
     return target.model(mx.array([tokens]), None, return_hidden=True)[1][0]
+
+
+class StopTraining(Exception):
+    """Raised by ``stop_after``: a training run cut short, as by Ctrl-C, to test resuming."""
+
+
+def stop_after(n: int):
+    """An ``on_step`` callback that interrupts training right after step ``n``."""
+    def on_step(log):
+        if log.step == n:
+            raise StopTraining
+
+    return on_step

@@ -35,7 +35,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlxspec.core.drafters.base import MAX_K, parse_k
+from mlxspec.core.drafters.cascade import CascadeDrafter
 from mlxspec.core.drafters.ngram import NgramDrafter
+from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.errors import MlxspecError
 
 DEFAULT_MAX_K = 8
@@ -218,6 +220,54 @@ class AutoK:
         return self.cost[k] if k < len(self.cost) else extend_curve(self.cost, k + 1)[k]
 
 
+class SourcedK:
+    """``--k auto`` for a cascade (``drafters.cascade``): one ``AutoK`` per part, each learning
+    the acceptance and draft cost of the steps its part drafted. The verify timings of every
+    step go to all of them, so they share one view of how busy the machine is."""
+
+    def __init__(self, policies: Sequence[AutoK], drafter: Any):
+        self.policies, self.drafter = list(policies), drafter
+
+    @property
+    def max_k(self) -> int:
+        return self.policies[0].max_k
+
+    @property
+    def scale(self) -> float:
+        return self.policies[0].scale
+
+    @property
+    def timed_steps(self) -> int:
+        return self.policies[0].timed_steps
+
+    def reset(self) -> None:
+        for p in self.policies:
+            p.reset()
+
+    def fresh(self) -> SourcedK:
+        return SourcedK([p.fresh() for p in self.policies], self.drafter)
+
+    def next_k(self) -> int:
+        return self.policies[self.drafter.upcoming()].next_k()
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.policies[self.drafter.used].observe(drafted, accepted)
+
+    def observe_timing(self, draft_ms: float, verify_ms: float, drafted: int) -> None:
+        for i, p in enumerate(self.policies):
+            p.observe_timing(draft_ms if i == self.drafter.used else math.nan, verify_ms, drafted)
+
+    def describe(self) -> dict[str, Any]:
+        return {part.name: p.describe() for part, p in zip(self.drafter.parts, self.policies)}
+
+
+def _auto_for(drafter: Any, cost: Any, max_k: int) -> AutoK:
+    # Prompt lookup costs next to nothing; a model drafter starts from a tenth of a target pass
+    # until the engine reports its real timings.
+    ratio = 0.01 if isinstance(drafter, (NgramDrafter, SuffixDrafter)) else 0.1
+    return AutoK(cost, max_k=max_k, draft_prior_ratio=ratio)
+
+
 def k_policy(spec: Any, drafter: Any, cost_curve: Callable[[int], Any], max_k: int | None = None) -> int | AutoK:
     """A ``--k`` value as the engine takes it: an int for a fixed K, or an ``AutoK`` for ``auto``
     (drafting up to ``max_k``, default 8, against ``cost_curve(n)``, this machine's cost of target
@@ -232,7 +282,7 @@ def k_policy(spec: Any, drafter: Any, cost_curve: Callable[[int], Any], max_k: i
         raise MlxspecError("--k auto needs a drafter: with --draft none nothing is drafted "
                            "(drop --k, or pick a drafter such as --draft default or ngram:3)")
     max_k = max_k or DEFAULT_MAX_K
-    # Prompt lookup costs next to nothing; a model drafter starts from a tenth of a target pass
-    # until the engine reports its real timings.
-    ratio = 0.01 if isinstance(drafter, NgramDrafter) else 0.1
-    return AutoK(cost_curve(max_k + 1), max_k=max_k, draft_prior_ratio=ratio)
+    cost = cost_curve(max_k + 1)
+    if isinstance(drafter, CascadeDrafter):
+        return SourcedK([_auto_for(part, cost, max_k) for part in drafter.parts], drafter)
+    return _auto_for(drafter, cost, max_k)

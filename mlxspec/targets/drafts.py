@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxspec.core.drafters import Drafter, ModelDrafter, NgramDrafter
+from mlxspec.core.drafters.cascade import CascadeDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter
 from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.core.target import Capabilities
@@ -24,7 +25,7 @@ def draft_float_dtype(target) -> mx.Dtype:
 
 
 DEFAULT_FALLBACK = "ngram:3"  # for targets the registry ships no draft for
-KINDS = "none, default, ngram[:N], suffix[:N], self:L"  # the drafters named by kind, not by a file
+KINDS = "none, default, ngram[:N], suffix[:N], self:L, A+B (a cascade)"  # the drafters named by kind, not by a file
 
 
 def counted(spec: str, kind: str, default: str) -> int | None:
@@ -40,6 +41,12 @@ def counted(spec: str, kind: str, default: str) -> int | None:
 def check_draft_spec(spec: str) -> None:
     """Refuse, before anything loads, a ``--draft`` that names no drafter. What depends on the
     target (self:L's range, a draft's fit) is checked when the drafter is made."""
+    if "+" in spec:
+        for part in spec.split("+"):
+            if part in ("none", ""):
+                raise MlxspecError(f"bad drafter {spec!r}: every part of a cascade A+B names a drafter")
+            check_draft_spec(part)
+        return
     if spec in ("none", "", "default") or any(counted(spec, kind, "1") is not None for kind in ("ngram", "suffix")):
         return
     if spec == "self" or spec.startswith("self:"):  # its range needs the target: make_drafter checks it
@@ -64,11 +71,15 @@ def _require(target, able: bool, feature: str) -> None:
 
 
 def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
-    """``default``, ``none``, ``ngram[:N]``, ``suffix[:N]``, ``self:L``, a registry draft name, a trained
+    """``default``, ``none``, ``ngram[:N]``, ``suffix[:N]``, ``self:L``, a cascade ``A+B`` (A where it
+    has a draft, else B: ``drafters.cascade``), a registry draft name, a trained
     draft or eagle-head folder, a published EAGLE-3 head (folder or cached hub id), or a draft
     model path (``LoadedModel`` target)."""
     if spec in ("none", ""):
         return None
+    if "+" in spec:  # a cascade: each part made for this target (and moved to its backend) on its own
+        check_draft_spec(spec)
+        return CascadeDrafter([make_drafter(part, target, dtype) for part in spec.split("+")], spec)
     if getattr(target, "backend", "mlx") != "mlx":  # made for the MLX model the weights came from, then moved
         from mlxspec.torchpath.load import drafter_on_torch  # imports torch, an optional extra
 

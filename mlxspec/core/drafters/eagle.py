@@ -120,6 +120,7 @@ class EagleDrafter:
     (``wants_hidden``: the final state, or the blocks an EAGLE-3 head taps)."""
 
     samples_children = True  # --tree DxB:sample
+    commits_any = True  # accepted slots are re-run on real features, whoever proposed them
 
     def __init__(self, head: Any, name: str):
         self.head, self.name = head, name

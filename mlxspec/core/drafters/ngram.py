@@ -21,6 +21,7 @@ class NgramDrafter:
     verify pass, so by default a match needs two tokens."""
 
     wants_hidden = False
+    commits_any = True  # nothing of its state depends on what it proposed
 
     def __init__(self, n: int = 3, min_n: int | None = None, ops: ModuleType = mlx_ops):
         if not 1 <= n <= 16:
@@ -31,15 +32,25 @@ class NgramDrafter:
     def reset(self, prompt: list[int], hidden: Any = None) -> None:
         pass
 
-    def propose(self, history: list[int], k: int, params: SamplingParams, key: Any) -> Proposal:
-        h = np.asarray(history, dtype=np.int64)
+    def _latest_match(self, h: np.ndarray) -> int | None:
+        """Where the continuation of the latest earlier occurrence of the longest matching tail starts."""
         for n in range(min(self.n, len(h) - 1), self.min_n - 1, -1):
             windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
             hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
             if hits.size:
-                start = hits[-1] + n
-                return Proposal(self.ops.tokens(h[start : start + k]))
-        return no_draft(self.ops)
+                return int(hits[-1]) + n
+        return None
+
+    def offers(self, history: list[int]) -> bool:
+        """Whether ``propose`` would draft anything after ``history`` (a cascade asks first)."""
+        return self._latest_match(np.asarray(history, dtype=np.int64)) is not None
+
+    def propose(self, history: list[int], k: int, params: SamplingParams, key: Any) -> Proposal:
+        h = np.asarray(history, dtype=np.int64)
+        start = self._latest_match(h)
+        if start is None or k == 0:
+            return no_draft(self.ops)
+        return Proposal(self.ops.tokens(h[start : start + k]))
 
     def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: Any,
                      draft_probs: bool = False) -> Proposal:

@@ -201,6 +201,7 @@ class SuffixDrafter:
     sequence too, so chat turns and server requests that share this drafter share its index."""
 
     wants_hidden = False
+    commits_any = True  # the index holds committed text only
 
     def __init__(self, n: int = DEFAULT_N, min_n: int = 2, max_tokens: int = DEFAULT_MAX_TOKENS,
                  min_prob: float = DEFAULT_MIN_PROB, ops: ModuleType = mlx_ops):
@@ -235,6 +236,12 @@ class SuffixDrafter:
         cur = self.index.current.tokens
         if len(cur) != len(history) or (cur and cur[-1] != history[-1]):
             self.index.restart(list(history))
+
+    def offers(self, history: list[int]) -> bool:
+        """Whether ``propose`` would draft anything after ``history`` (a cascade asks first)."""
+        self._sync(history)
+        best = self.index.ranked(list(history[-self.n :]), 1)
+        return bool(best) and best[0][1] >= self.min_prob
 
     def propose(self, history: list[int], k: int, params: SamplingParams, key: Any) -> Proposal:
         self._sync(history)

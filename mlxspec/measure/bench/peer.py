@@ -90,7 +90,10 @@ def mlx_lm_run(peer: Peer, tokenizer, ids: list[int], temperature: float, max_to
         toks.append(r.token)
         flags.append(bool(r.from_draft))
         finish = r.finish_reason
-    accepted, drafted = mlx_lm_steps(flags, k, max_tokens)
+    if peer.draft is None:  # target-only: every step emits the target's one token
+        accepted, drafted = [0] * len(flags), [0] * len(flags)
+    else:
+        accepted, drafted = mlx_lm_steps(flags, k, max_tokens)
     # stream_generate yields the end-of-sequence token last (finish_reason "stop"): not output.
     out = toks[:-1] if finish == "stop" else toks
     # The first step ends with the target's token, unless it used up max_tokens on drafts alone.
@@ -136,13 +139,27 @@ def mlx_lm_peer(lm, draft: str, drafter) -> Peer:
     return Peer(ref_target, ref_draft, desc)
 
 
+def mlx_lm_target_only(lm) -> Peer:
+    """mlx-lm decoding the target alone: its fastest configuration where no draft pays."""
+    ref = loading.as_mlx_lm(lm.model)
+    mx.eval(ref.parameters())
+    return Peer(ref, None, "mlx-lm stream_generate, target-only (no draft model)")
+
+
 def choose_peer(lm, draft: str, drafter, with_mlx_lm: bool, peer_draft: str | None) -> Peer:
-    """The peer a benchmark of ``draft`` runs: none off MLX or when not asked for; mlx-lm with
-    ``peer_draft`` when given (its best draft for this target need not be ours), else ``draft``."""
-    if getattr(lm, "backend", "mlx") != "mlx":
-        return Peer(reason=f"mlx-lm runs on MLX only; the target runs on {lm.backend}")
+    """The peer a benchmark of ``draft`` runs: none when not asked for; mlx-lm with
+    ``peer_draft`` when given (its best draft for this target need not be ours; ``none``: mlx-lm
+    target-only), else ``draft``. A target on another backend is compared with mlx-lm on the
+    MLX weights it was copied from, only with ``peer_draft``."""
     if not with_mlx_lm:
         return Peer(reason="not requested (with_mlx_lm=False)")
+    on_mlx = getattr(lm, "backend", "mlx") == "mlx"
+    source = lm if on_mlx else getattr(lm, "source", None)
+    if source is None or (not on_mlx and peer_draft is None):
+        return Peer(reason=f"mlx-lm runs on MLX only; the target runs on {lm.backend} (--mlx-lm-draft none "
+                           "or a draft compares it with mlx-lm on the same weights)")
+    if peer_draft == "none":
+        return mlx_lm_target_only(source)
     if peer_draft is not None:
-        return mlx_lm_peer(lm, peer_draft, make_drafter(peer_draft, lm, lm.dtype))
+        return mlx_lm_peer(source, peer_draft, make_drafter(peer_draft, source, source.dtype))
     return mlx_lm_peer(lm, draft, drafter)

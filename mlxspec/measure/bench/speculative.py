@@ -223,7 +223,7 @@ def _result(lm, o: SpecOptions, plan: _Plan, prompts: tuple[list[dict[str, Any]]
                             tree=None if plan.tree is None else str(plan.tree))
     shape = plan.k if plan.tree is None else f"tree {plan.tree}"
     return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
-                           verdicts(results, o.draft, shape))
+                           verdicts(results, o.draft, shape, "target-only" if o.peer_draft == "none" else "speculative"))
 
 
 def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResult:

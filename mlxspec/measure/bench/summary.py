@@ -196,12 +196,12 @@ def _headline(head: str, o: Aggregate, slow_in: list[str]) -> Verdict:
     return Verdict(c.kind, text, c.interval)
 
 
-def _peer_verdicts(head: str, o: Aggregate) -> list[Verdict]:
+def _peer_verdicts(head: str, o: Aggregate, peer_kind: str) -> list[Verdict]:
     m = o.mlx_lm
     if m is None or m.ratio is None:
         return []
     c = m.comparison
-    out = [Verdict(c.kind, f"{head} mlxspec / mlx-lm speculative = {m.ratio:.2f}x ({o.spec_tps:.1f} vs "
+    out = [Verdict(c.kind, f"{head} mlxspec / mlx-lm {peer_kind} = {m.ratio:.2f}x ({o.spec_tps:.1f} vs "
                            f"{m.stats.tps:.1f} tok/s; {c.describe()}; tau {fmt(o.spec and o.spec.tau, '{:.2f}')} "
                            f"vs {fmt(m.stats.tau, '{:.2f}')})", c.interval)]
     if m.greedy_identical is False:
@@ -210,9 +210,10 @@ def _peer_verdicts(head: str, o: Aggregate) -> list[Verdict]:
     return out
 
 
-def verdicts(results: Sequence[TempResult], draft: str, k: int | str) -> list[Verdict]:
+def verdicts(results: Sequence[TempResult], draft: str, k: int | str, peer_kind: str = "speculative") -> list[Verdict]:
     """One verdict per temperature (faster / slower / no measurable difference, with its
-    interval), mlxspec against mlx-lm where it ran, then problems."""
+    interval), mlxspec against mlx-lm (``peer_kind``: speculative or target-only) where it ran,
+    then problems."""
     out: list[Verdict] = []
     for res in results:
         o = res.overall
@@ -222,7 +223,7 @@ def verdicts(results: Sequence[TempResult], draft: str, k: int | str) -> list[Ve
             continue
         slow_in = [c for c, a in res.categories.items() if a.slower] if len(res.categories) > 1 else []
         out.append(_headline(head, o, slow_in))
-        out += _peer_verdicts(head, o)
+        out += _peer_verdicts(head, o, peer_kind)
         if o.greedy_mismatches:
             out.append(Verdict(Kind.BUG, f"{head} BUG: greedy speculative output differs from target-only on "
                                          f"prompt(s) {', '.join(map(str, o.greedy_mismatches))}"))
