@@ -39,7 +39,8 @@ class ReplyPrinter:
             elif t.status is not Status.REJECTED:
                 self.out.write(piece)
         if self.as_json and self.drafter is not None:
-            step = {"k": ev.k, "accepted": ev.accepted, "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms}
+            step = {"k": ev.k, "accepted": ev.accepted, "draft_ms": ev.draft_ms, "verify_ms": ev.verify_ms,
+                    **({"drafter": ev.drafter} if ev.drafter else {})}
             if ev.tree is not None:
                 step["tree"] = ev.tree.to_dict()
             self.write({"step": step})

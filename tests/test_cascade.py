@@ -76,6 +76,9 @@ def test_greedy_is_target_only_at_every_k_auto_and_with_trees(target, lookup):
         policy = k_policy(k, drafter, flat_curve)
         events = list(generate(target.model, PROMPT_IDS, GREEDY, 40, set(), 512, 0, drafter, policy, tree=tree))
         assert emitted(events) == want, (k, tree)
+        steps = [ev for ev in events if isinstance(ev, Step)]
+        assert [ev.drafter for ev in steps if ev.k] == [drafter.parts[i].name for i in drafter.sources]
+        assert all(ev.drafter is None for ev in steps if not ev.k)
         sources += drafter.sources
     assert sources.count(0) > 10 and sources.count(1) > 10, sources  # both parts drafted
 

@@ -150,7 +150,8 @@ def test_generate_drafts_by_prompt_lookup_by_default_and_the_shipped_draft_on_re
     tokens = [t for t in rows if "status" in t]
     assert "".join(t["text"] for t in tokens if t["status"] != "rejected") == "The capital of France is Paris."
     assert {t["status"] for t in tokens} <= {"accepted", "rejected", "corrected", "bonus"}
-    assert any("step" in row for row in rows)
+    steps = [row["step"] for row in rows if "step" in row]
+    assert steps and all(s.get("drafter") == ("smollm2-135m-draft" if s["k"] else None) for s in steps)
 
 
 @pytest.mark.model

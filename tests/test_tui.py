@@ -115,6 +115,24 @@ def test_turn_stats():
     assert s.median_verify_ms() is None  # not a target-only turn
 
 
+def test_a_cascade_turn_shows_each_part_and_its_acceptance():
+    from mlxspec.tui.chat.widgets import render_stats
+
+    s = TurnStats(started=0.0)
+    for i, (k, acc, who) in enumerate([(4, 4, "ngram:3"), (2, 0, "smollm2-135m-eagle"), (0, 0, None),
+                                       (4, 2, "ngram:3")]):
+        d = _step(k, acc, t=float(i))
+        s.add(replace(d, step=replace(d.step, drafter=who)))
+    assert s.by_drafter() == [("ngram:3", 0.5, 0.75), ("smollm2-135m-eagle", 0.25, 0.0)]
+    settings = Settings(draft="ngram:3+smollm2-135m-eagle")
+    text = render_stats(s, settings, Baseline()).plain
+    assert "Drafted by (steps, kept)" in text
+    assert re.search(r"ngram:3 +50% +75%", text) and re.search(r"smollm2-135m-… +25% +0%", text)
+    fresh = render_stats(None, settings, Baseline()).plain  # before any turn: the same rows, empty
+    assert len(fresh.splitlines()) >= 3 and re.search(r"ngram:3 +–", fresh)
+    assert "Drafted by" not in render_stats(s, Settings(draft="ngram:3"), Baseline()).plain
+
+
 def test_target_only_turn_gives_a_baseline():
     s = TurnStats(started=0.0)
     for i, ms in enumerate([500.0, 100.0, 120.0, 110.0]):

@@ -323,7 +323,7 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
             emitted += sum(t.emitted for t in tokens)
             t_first = t_first or t_verified
             yield Step(tokens, k=len(drafted), accepted=len(path), draft_ms=draft_ms, verify_ms=verify_ms,
-                       room=room, tree=shown)
+                       room=room, tree=shown, drafter=getattr(drafter, "proposer", drafter.name) if drafted else None)
             if stop:
                 reason = "eos"
                 break

@@ -81,7 +81,10 @@ class Step:
 
     ``tree``: the tree a tree-drafting step verified (``k`` is then its node count, ``room``
     the depth allowed, ``accepted`` the accepted path's length, and ``tokens`` show that path,
-    then the drafter's own first line below it as rejected); None for chains."""
+    then the drafter's own first line below it as rejected); None for chains.
+
+    ``drafter``: the name of the drafter that proposed this step's drafts (in a cascade, the
+    part that drafted); None when nothing was drafted."""
 
     tokens: list[Token]
     k: int
@@ -90,6 +93,7 @@ class Step:
     verify_ms: float
     room: int = 0
     tree: Tree | None = None
+    drafter: str | None = None
 
     @property
     def emitted(self) -> list[int]:

@@ -63,6 +63,11 @@ class CascadeDrafter:
         self.history = list(prompt)
         self._choice = None
 
+    @property
+    def proposer(self) -> str:
+        """The name of the part that drafted the last proposal (``Step.drafter``)."""
+        return self.parts[self.used].name
+
     def upcoming(self) -> int:
         """The part that will draft after the committed text (cached until the next commit)."""
         return self._source(self.history)

@@ -211,6 +211,7 @@ def render_stats(stats: TurnStats | None, settings: Settings, baseline: Baseline
     _settings_rows(t, settings)
     _speed_rows(t, stats, baseline, busy)
     _speculation_rows(t, stats)
+    _cascade_rows(t, stats, settings)
     _acceptance_bars(t, stats, status_style(Status.ACCEPTED, dark), bar_width)
     t.rstrip()
     return t
@@ -259,6 +260,20 @@ def _speculation_rows(t: Text, s: TurnStats | None) -> None:
     _row(t, "nodes kept" if tree else "acceptance", "–" if rate is None else f"{rate:.0%}")
     _row(t, "draft ms/step", _num(s and s.mean_draft_ms(), ".1f"))
     _row(t, "verify ms/step", _num(s and s.mean_verify_ms(), ".1f"))
+
+
+def _cascade_rows(t: Text, s: TurnStats | None, settings: Settings) -> None:
+    """A cascade's parts (``A+B``): each one's share of the steps and of its drafts accepted,
+    one row per part whether or not it drafted yet, so the panel keeps its height."""
+    parts = settings.draft.split("+")
+    if len(parts) < 2:
+        return
+    _head(t, "\nDrafted by (steps, kept)")
+    seen = {name: (share, kept) for name, share, kept in s.by_drafter()} if s else {}
+    for name in parts:
+        share, kept = seen.get(name, (None, None))
+        label = name if len(name) <= 14 else name[:13] + "…"
+        _row(t, label, "–" if share is None else f"{share:4.0%}  {_num(kept and kept * 100, '3.0f', '%')}")
 
 
 def _acceptance_bars(t: Text, s: TurnStats | None, hue: Style, bar_width: int) -> None:
