@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
-
 from mlxspec.core.drafters.cascade import CascadeDrafter
 from mlxspec.core.engine import generate
 from mlxspec.core.events import Step
@@ -105,7 +104,7 @@ def main() -> None:
                                  "rows": [asdict(r) for r in rows]}, indent=1))
     print("| T | category | drafted by | steps | share | accepted/step | first-draft acceptance |")
     print("|---|---|---|---|---|---|---|")
-    fmt = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
+    fmt = lambda x: "" if x is None else f"{x:.2f}"
     for r in rows:
         print(f"| {r.temperature:g} | {r.category} | {r.source} | {r.steps} | {r.share:.2f} | "
               f"{fmt(r.accepted_per_step)} | {fmt(r.first_draft_acceptance)} |")

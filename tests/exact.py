@@ -42,6 +42,7 @@ import numpy as np
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 from mlxspec.core import ops as mlx_ops
+from mlxspec.core.drafters.eagle3 import Eagle3Config, Eagle3Head
 from mlxspec.core.events import Event, Step
 from mlxspec.core.model import Llama, LlamaConfig
 from mlxspec.core.sampling import SamplingParams, probs
@@ -539,3 +540,15 @@ def tree_engine_distribution(run: Callable, horizon: int, monkeypatch, max_runs:
                 return joint, side
             oracle.script = [pt.taken for pt in oracle.path[:i]] + [oracle.path[i].taken + 1]
     raise EnumerationError(f"more than {max_runs} runs")
+
+
+def exact_eagle3_head(model: Llama):
+    """An EAGLE-3 head on ``exact_llama`` over 3 of its 4 tokens (the fourth gets q = 0),
+    tapping the embedding output and the last block, with a sharpened head so drafts vary."""
+    cfg = Eagle3Config(hidden_size=EXACT_CFG.hidden_size, intermediate_size=32, num_heads=2, num_kv_heads=1,
+                       draft_vocab=3, target_vocab=EXACT_VOCAB, target_hidden=EXACT_CFG.hidden_size, aux_layers=(0, 1))
+    mx.random.seed(2)
+    head = Eagle3Head(cfg, mx.array([0, 1, 3]), model.model.embed_tokens)
+    head.lm_head.weight = head.lm_head.weight * 3.0
+    mx.eval(head.parameters())
+    return head

@@ -7,7 +7,16 @@ import math
 
 import mlx.core as mx
 import pytest
-from exact import EXACT_CFG, EXACT_TV, EXACT_VOCAB, PROMPT, engine_distribution, exact_joint, exact_llama, tv
+from exact import (
+    EXACT_TV,
+    EXACT_VOCAB,
+    PROMPT,
+    engine_distribution,
+    exact_eagle3_head,
+    exact_joint,
+    exact_llama,
+    tv,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny import VOCAB, features, random_head, tiny_target
@@ -16,7 +25,6 @@ from mlxspec.core.autok import AutoK, SourcedK, k_policy
 from mlxspec.core.drafters import Commit, NgramDrafter
 from mlxspec.core.drafters.cascade import CascadeDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter
-from mlxspec.core.drafters.eagle3 import Eagle3Config, Eagle3Head
 from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.core.engine import generate
 from mlxspec.core.events import Step
@@ -89,15 +97,10 @@ def test_the_joint_distribution_at_t1_is_exactly_the_targets(monkeypatch):
     of the 4 tokens (the fourth has q = 0). The joint of the first tokens is the target's."""
     model = exact_llama(0)
     params = SamplingParams(temperature=1.0)
-    cfg = Eagle3Config(hidden_size=EXACT_CFG.hidden_size, intermediate_size=32, num_heads=2, num_kv_heads=1,
-                       draft_vocab=3, target_vocab=EXACT_VOCAB, target_hidden=EXACT_CFG.hidden_size, aux_layers=(0, 1))
-    mx.random.seed(2)
-    head = Eagle3Head(cfg, mx.array([0, 1, 3]), model.model.embed_tokens)
-    head.lm_head.weight = head.lm_head.weight * 3.0
-    mx.eval(head.parameters())
+    head = exact_eagle3_head(model)
     sources: list[int] = []
     for k in (1, 2):
-        def run():
+        def run(k=k):
             d = Logged([NgramDrafter(1, min_n=1), EagleDrafter(head, "e3")])
             d.sources = sources
             return generate(model, PROMPT, params, 3, set(), 512, seed=0, drafter=d, k=k)

@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import torch
-from exact import EXACT_CFG, EXACT_TV, EXACT_VOCAB, PROMPT, engine_distribution, exact_joint, exact_llama, tv
+from exact import EXACT_TV, EXACT_VOCAB, PROMPT, engine_distribution, exact_eagle3_head, exact_joint, exact_llama, tv
 from tiny import StopTraining, stop_after
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -340,12 +340,7 @@ def test_the_joint_distribution_at_t1_is_exactly_the_targets(monkeypatch):
     last block: the joint of the first tokens equals target-only sampling's."""
     model = exact_llama(0)
     params = SamplingParams(temperature=1.0)
-    cfg = Eagle3Config(hidden_size=EXACT_CFG.hidden_size, intermediate_size=32, num_heads=2, num_kv_heads=1,
-                       draft_vocab=3, target_vocab=EXACT_VOCAB, target_hidden=EXACT_CFG.hidden_size, aux_layers=(0, 1))
-    mx.random.seed(2)
-    head = Eagle3Head(cfg, mx.array([0, 1, 3]), model.model.embed_tokens)
-    head.lm_head.weight = head.lm_head.weight * 3.0
-    mx.eval(head.parameters())
+    head = exact_eagle3_head(model)
     for k in (1, 2):
         run = lambda: generate(model, PROMPT, params, 3, set(), 512, seed=0, drafter=EagleDrafter(head, "e3"), k=k)  # noqa: E731
         e = engine_distribution(run, 3, EXACT_VOCAB, monkeypatch)

@@ -19,7 +19,8 @@ accepted two to three times as often as the head's and cost nothing, so they wan
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mlxspec.core.drafters.base import Commit, Proposal
 from mlxspec.core.sampling import SamplingParams
