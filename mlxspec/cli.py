@@ -190,6 +190,7 @@ def bench(
     repeats: int = typer.Option(1, help="Timed repeats (the methods' order rotates from prompt to prompt and repeat to repeat)."),
     mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts; beside an eagle head, the target's first 8 layers)."),
     mlx_lm_draft: Optional[str] = typer.Option(None, "--mlx-lm-draft", help="The draft mlx-lm's peer runs instead (a registry draft, a draft folder or self:L), e.g. its best one for this target when --draft is an eagle head; none: mlx-lm target-only (its fastest where no draft pays). With --backend torch the peer runs on the MLX weights the target was copied from."),
+    against: Optional[str] = typer.Option(None, "--against", help="Another drafter to time side by side with --draft in the same rounds and K setting, e.g. --draft ngram:3+smollm2-135m-eagle --against ngram:3: its speed, tau and the ratio between the two, per category."),
     mlx_lm_k: Optional[int] = typer.Option(None, "--mlx-lm-k", help="Draft tokens per step of mlx-lm's peer (default: --k; 4 under --k auto), e.g. its fastest K from a sweep."),
     dtype: str = DtypeOpt,
     seed: int = typer.Option(0, help="Sampling seed."),
@@ -216,6 +217,9 @@ def bench(
         raise MlxspecError("--repeats must be >= 1 and --warmup >= 0")
     if not 0 <= busy <= (os.cpu_count() or 1):
         raise MlxspecError(f"--busy must be in 0..{os.cpu_count() or 1} (the cores here), got {busy}")
+    if baseline and against is not None:
+        raise MlxspecError("--against compares two drafters; --baseline times target-only decoding")
+    against = None if against is None else checked_draft(against)
     with b.busy_cores(busy), progress_bar("bench") as progress:
         if baseline:
             torch_cols, note = b.torch_columns(torch_on, torch_dtypes, torch_device)
@@ -227,7 +231,8 @@ def bench(
             result = b.spec_bench(b.SpecOptions(
                 measured_target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories,
                 per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
-                remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k), progress)
+                remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k,
+                against=against), progress)
     if as_json:
         print_json(result.to_json())
     else:

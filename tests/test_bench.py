@@ -467,6 +467,31 @@ def test_spec_bench_on_torch_against_mlx_lm_target_only():
     assert plain.to_json()["mlx_lm"] is None and "--mlx-lm-draft none" in plain.to_json()["mlx_lm_reason"]
 
 
+@pytest.mark.model
+def test_spec_bench_against_another_drafter_in_the_same_rounds(lm):
+    result = bench.spec_bench(bench.SpecOptions(lm, "ngram:3", k=2, temps=(0.0,), categories=["qa"], per_category=1,
+                                                max_tokens=8, warmup=0, repeats=1, with_mlx_lm=False,
+                                                against="ngram:2+smollm2-135m-eagle"))
+    data = result.to_json()
+    assert data["settings"]["against"] == "ngram:2+smollm2-135m-eagle"
+    runs = [r for r in data["runs"] if r["method"] == "against"]
+    assert len(runs) == 1 and runs[0]["identical_to_target"] is True and sum(runs[0]["drafted"]) > 0
+    overall = data["results"][0]["overall"]
+    a = overall["against"]
+    assert a["tps"] > 0 and a["ratio"] == pytest.approx(overall["spec_tps"] / a["tps"])
+    assert a["speedup_vs_target"] == pytest.approx(a["tps"] / overall["target_tps"])
+    assert any(v["text"].startswith("T=0, ngram:3 k=2: against ngram:2+smollm2-135m-eagle: ") for v in data["verdicts"])
+    out = io.StringIO()
+    bench.print_spec(result, Console(file=out, width=240))
+    assert "vs against = ngram:3 / ngram:2+smollm2-135m-eagle" in " ".join(out.getvalue().split())
+
+
+@pytest.mark.parametrize("against", ["none", "ngram:3"])
+def test_against_must_name_another_drafter(against):
+    with pytest.raises(MlxspecError, match="--against names the drafter to compare"):
+        bench.spec_bench(bench.SpecOptions("default", "ngram:3", against=against))
+
+
 def test_spec_runs_rotate_every_method_through_every_position():
     """Three methods over three prompts: each runs first, second and third once (a reversed
     order would keep the middle one in the middle for ever)."""

@@ -169,6 +169,8 @@ def test_generate_text_stream():
         (["sweep", "--top-p", "1.5"], r"top-p must be in \(0, 1\]"),
         (["bench", "--k", "0"], r"--k must be in 1\.\.64"),
         (["bench", "--max-tokens", "0"], "max-tokens must be > 0"),
+        (["bench", "--baseline", "--against", "ngram:2"], "--against compares two drafters"),
+        (["bench", "--against", "banana"], "unknown drafter 'banana'"),
         (["verify", "--k", "100"], r"--k must be in 1\.\.64"),
         (["verify", "--temp", "-1"], "temperature must be a finite number >= 0"),
         (["generate", "hi", "--draft", "self:99"], r"self:L needs 1 <= L < 30"),

@@ -37,6 +37,7 @@ from mlxspec.measure.runs import (
 )
 from mlxspec.measure.verdict import Verdict
 from mlxspec.session import Session
+from mlxspec.targets.drafts import make_drafter
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class SpecOptions:
     """What ``bench`` was asked for. ``model``: a ``loading.load`` spec or an already loaded
     ``LoadedModel``; ``k``: an int or "auto"; ``tree``: a ``TreeShape`` every speculative step
     drafts (K is then its depth); ``peer_draft`` / ``peer_k``: mlx-lm's peer's own draft and
-    draft length (default: ours, and K, or ``MLX_LM_K_WITH_AUTO`` under auto)."""
+    draft length (default: ours, and K, or ``MLX_LM_K_WITH_AUTO`` under auto); ``against``: another
+    drafter timed side by side in the same rounds, with the same K setting or tree."""
 
     model: Any = "default"
     draft: str = "ngram:3"
@@ -63,6 +65,7 @@ class SpecOptions:
     tree: Any = None
     peer_draft: str | None = None
     peer_k: int | None = None
+    against: str | None = None
 
     def checked(self) -> SpecOptions:
         """The options with K parsed and the temperatures as floats; bad values refused before
@@ -79,6 +82,9 @@ class SpecOptions:
             raise MlxspecError(f"--mlx-lm-k must be in 1..{MAX_K}, got {self.peer_k}")
         if (self.peer_draft is not None or self.peer_k is not None) and not self.with_mlx_lm:
             raise MlxspecError("--mlx-lm-draft and --mlx-lm-k set up mlx-lm's peer; drop --no-mlx-lm")
+        if self.against is not None and self.against in ("none", "", self.draft):
+            raise MlxspecError(f"--against names the drafter to compare {self.draft!r} with: another drafter, "
+                               f"not {self.against or 'none'!r} (target-only runs in every benchmark)")
         return replace(self, k=k, temps=temps)
 
 
@@ -100,6 +106,7 @@ class SpecSettings:
     mlx_lm_k: int | None = None  # K of mlx-lm's peer (``MLX_LM_K_WITH_AUTO`` under --k auto)
     mlx_lm_draft: str | None = None  # the peer's own drafter, when not the benchmarked one
     tree: str | None = None  # --tree: the shape every speculative step drafts (k is then its depth)
+    against: str | None = None  # the drafter timed beside ``draft`` in the same rounds
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,8 @@ class _Plan:
     k: int | str
     width: int
     peer_k: int
+    rival: Any = None  # the --against drafter
+    rival_policy: Any = None  # its K policy (an int, or an ``AutoK`` to copy per run)
 
 
 def _plan(lm, drafter, options: SpecOptions, progress: Progress) -> _Plan:
@@ -147,7 +156,14 @@ def _plan(lm, drafter, options: SpecOptions, progress: Progress) -> _Plan:
     width = policy if isinstance(policy, int) else policy.max_k
     # mlx-lm has no auto K and no trees: its peer drafts a chain of --mlx-lm-k, --k or the tree's depth
     peer_k = options.peer_k or (k if isinstance(k, int) else MLX_LM_K_WITH_AUTO)
-    return _Plan(policy, tree, k, width, peer_k)
+    rival = rival_policy = None
+    if options.against is not None:
+        rival = make_drafter(options.against, lm, lm.dtype)
+        if tree is not None and not can_branch(rival):
+            raise MlxspecError(f"--against {options.against!r} cannot branch, so it cannot draft --tree {tree}")
+        rival_policy = Session(lm, rival, options.k, options.tree, log=say).policy
+        width = max(width, rival_policy if isinstance(rival_policy, int) else rival_policy.max_k)
+    return _Plan(policy, tree, k, width, peer_k, rival, rival_policy)
 
 
 Runner = Callable[[str, float, list[int], int], Run]
@@ -169,11 +185,11 @@ class SpecRunner:
     def __call__(self, method: str, t: float, p: list[int], n: int) -> Run:
         if method == "mlx_lm":
             return mlx_lm_run(self.peer, self.lm.tokenizer, p, t, n, self.plan.peer_k, self.seed)
-        policy = self.plan.policy
+        drafter, policy = {"spec": (self.drafter, self.plan.policy),
+                           "against": (self.plan.rival, self.plan.rival_policy)}.get(method, (None, 4))
         policy = policy if isinstance(policy, int) else policy.fresh()
-        spec = method == "spec"
-        return engine_run(self.lm, p, self.params_of[t], n, self.stop, self.seed, self.drafter if spec else None,
-                          policy, tree=self.plan.tree if spec else None)
+        return engine_run(self.lm, p, self.params_of[t], n, self.stop, self.seed, drafter, policy,
+                          tree=self.plan.tree if drafter is not None else None)
 
 
 def _round(run: Runner, order: Sequence[str], t: float, it: dict[str, Any], p: list[int], r: int,
@@ -220,10 +236,11 @@ def _result(lm, o: SpecOptions, plan: _Plan, prompts: tuple[list[dict[str, Any]]
                             o.max_tokens, o.warmup, min(o.max_tokens, WARMUP_TOKENS), o.repeats, o.seed,
                             o.with_mlx_lm, str(o.prompts_file) if o.prompts_file is not None else None,
                             mlx_lm_k=plan.peer_k, mlx_lm_draft=o.peer_draft,
-                            tree=None if plan.tree is None else str(plan.tree))
+                            tree=None if plan.tree is None else str(plan.tree), against=o.against)
     shape = plan.k if plan.tree is None else f"tree {plan.tree}"
     return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
-                           verdicts(results, o.draft, shape, "target-only" if o.peer_draft == "none" else "speculative"))
+                           verdicts(results, o.draft, shape, "target-only" if o.peer_draft == "none" else "speculative",
+                                    o.against))
 
 
 def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResult:
@@ -245,7 +262,8 @@ def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResu
     peer = choose_peer(lm, o.draft, drafter, o.with_mlx_lm, o.peer_draft)
     plan = _plan(lm, drafter, o, progress)
     run = SpecRunner(lm, drafter, stop, params_of, peer, plan, o.seed)
-    methods = ["target", "spec"] + (["mlx_lm"] if peer.target is not None else [])
+    methods = (["target", "spec"] + (["against"] if plan.rival is not None else [])
+               + (["mlx_lm"] if peer.target is not None else []))
     runs = time_spec_runs(run, methods, o, items, ids, progress)
     result = _result(lm, o, plan, (items, ids, note), peer, runs)
     return replace(result, header=replace(result.header, others_busy=meter.others_busy()))

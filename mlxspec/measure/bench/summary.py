@@ -17,8 +17,9 @@ from mlxspec.measure.bench.common import fmt_t, ratio
 from mlxspec.measure.runs import MethodStats, Run, fmt, method_stats
 from mlxspec.measure.verdict import Comparison, Kind, Verdict, pooled_ratio
 
-METHODS = ("target", "spec", "mlx_lm")
-METHOD_LABELS = {"target": "target-only", "spec": "speculative", "mlx_lm": "mlx-lm speculative"}
+METHODS = ("target", "spec", "against", "mlx_lm")
+METHOD_LABELS = {"target": "target-only", "spec": "speculative", "against": "speculative (--against)",
+                 "mlx_lm": "mlx-lm speculative"}
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,11 @@ def paired_speed(a: Sequence[SpecRun], b: Sequence[SpecRun]) -> Comparison:
 
 @dataclass(frozen=True)
 class PeerStats:
-    """mlx-lm's speculative decoding over the same runs, and mlxspec's against it."""
+    """Another method over the same runs (mlx-lm's decoding, or the ``--against`` drafter), and
+    the benchmarked drafter's speed against it."""
 
     stats: MethodStats
-    ratio: float | None  # mlxspec speculative tps / mlx-lm speculative tps, each pooled over its runs
+    ratio: float | None  # mlxspec speculative tps / the other's tps, each pooled over its runs
     comparison: Comparison  # the same over (prompt, repeat) pairs, with its interval
     speedup_vs_target: float | None
     greedy_identical: bool | None  # informational: mlx-lm's llama differs from ours in float details
@@ -86,6 +88,7 @@ class Aggregate:
     mlx_lm: PeerStats | None
     greedy_identical: bool | None
     greedy_mismatches: list[Any]
+    against: PeerStats | None = None
 
     @property
     def target(self) -> MethodStats | None:
@@ -127,6 +130,7 @@ class Aggregate:
             "acceptance": s.acceptance if s else [None] * self.k, "draft_ms": s and s.draft_ms,
             "verify_ms": s and s.verify_ms, "target_ms_per_token": t and t.verify_ms,
             "mlx_lm": None if self.mlx_lm is None else self.mlx_lm.to_json(),
+            "against": None if self.against is None else self.against.to_json(),
             "greedy_identical": self.greedy_identical, "greedy_mismatches": list(self.greedy_mismatches),
         }
 
@@ -146,17 +150,19 @@ def aggregate(runs: Sequence[SpecRun], k: int) -> Aggregate:
     """``Aggregate`` of ``runs`` (one temperature, any prompts)."""
     by = {m: [r for r in runs if r.method == m] for m in METHODS}
     st = {m: method_stats([r.run for r in by[m]], k) for m in METHODS}
-    peer = None
-    if st["mlx_lm"] is not None:
-        peer = PeerStats(st["mlx_lm"], ratio(st["spec"] and st["spec"].tps, st["mlx_lm"].tps),
-                         paired_speed(by["spec"], by["mlx_lm"]),
-                         ratio(st["mlx_lm"].tps, st["target"] and st["target"].tps), _greedy_check(by["mlx_lm"]))
+    def beside(m: str) -> PeerStats | None:
+        if st[m] is None:
+            return None
+        return PeerStats(st[m], ratio(st["spec"] and st["spec"].tps, st[m].tps), paired_speed(by["spec"], by[m]),
+                         ratio(st[m].tps, st["target"] and st["target"].tps), _greedy_check(by[m]))
+
     ratios = _pair_ratios(by["spec"], by["target"])
     return Aggregate(
         k=k, prompts=len({r.prompt_id for r in runs}), methods=st, comparison=paired_speed(by["spec"], by["target"]),
-        speedup_median=statistics.median(ratios) if ratios else None, mlx_lm=peer,
-        greedy_identical=_greedy_check(by["spec"]),
-        greedy_mismatches=[r.prompt_id for r in by["spec"] if r.identical_to_target is False],
+        speedup_median=statistics.median(ratios) if ratios else None, mlx_lm=beside("mlx_lm"),
+        greedy_identical=_greedy_check(by["spec"] + by["against"]),
+        greedy_mismatches=[r.prompt_id for r in by["spec"] + by["against"] if r.identical_to_target is False],
+        against=beside("against"),
     )
 
 
@@ -210,10 +216,21 @@ def _peer_verdicts(head: str, o: Aggregate, peer_kind: str) -> list[Verdict]:
     return out
 
 
-def verdicts(results: Sequence[TempResult], draft: str, k: int | str, peer_kind: str = "speculative") -> list[Verdict]:
+def _against_verdict(head: str, o: Aggregate, against: str) -> list[Verdict]:
+    a = o.against
+    if a is None or a.ratio is None:
+        return []
+    c = a.comparison
+    return [Verdict(c.kind, f"{head} against {against}: {a.ratio:.2f}x ({o.spec_tps:.1f} vs {a.stats.tps:.1f} tok/s; "
+                            f"{c.describe()}; {against} {fmt(a.speedup_vs_target, '{:.2f}x')} target-only; tau "
+                            f"{fmt(o.spec and o.spec.tau, '{:.2f}')} vs {fmt(a.stats.tau, '{:.2f}')})", c.interval)]
+
+
+def verdicts(results: Sequence[TempResult], draft: str, k: int | str, peer_kind: str = "speculative",
+             against: str | None = None) -> list[Verdict]:
     """One verdict per temperature (faster / slower / no measurable difference, with its
-    interval), mlxspec against mlx-lm (``peer_kind``: speculative or target-only) where it ran,
-    then problems."""
+    interval), the ``against`` drafter and mlx-lm (``peer_kind``: speculative or target-only)
+    where they ran, then problems."""
     out: list[Verdict] = []
     for res in results:
         o = res.overall
@@ -223,6 +240,7 @@ def verdicts(results: Sequence[TempResult], draft: str, k: int | str, peer_kind:
             continue
         slow_in = [c for c, a in res.categories.items() if a.slower] if len(res.categories) > 1 else []
         out.append(_headline(head, o, slow_in))
+        out += _against_verdict(head, o, against or "")
         out += _peer_verdicts(head, o, peer_kind)
         if o.greedy_mismatches:
             out.append(Verdict(Kind.BUG, f"{head} BUG: greedy speculative output differs from target-only on "
