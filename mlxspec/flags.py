@@ -19,7 +19,7 @@ from mlxspec.targets import store
 from mlxspec.torchpath import backend_spec
 
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
-DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's choice for the target: ngram:3 for the default model and for a target it does not list), none, ngram[:N] (prompt lookup), suffix[:N] (an index of the session's own text), self:L (target's first L layers), A+B (a cascade: lookup A where the text so far has a match, else B, e.g. ngram:3+smollm2-135m-eagle), an eagle head, a trained draft folder or a draft model path.")
+DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's choice for the target: ngram:3+smollm2-135m-eagle for the default model, ngram:3 for a target it does not list), none, ngram[:N] (prompt lookup), suffix[:N] (an index of the session's own text), self:L (target's first L layers), A+B (a cascade: lookup A where the text so far has a match, else B, e.g. ngram:3+smollm2-135m-eagle), an eagle head, a trained draft folder or a draft model path.")
 KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
 SystemOpt = typer.Option(None, "--system-prompt", help="A system message before the user's (chat template).")
 KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft tokens per step (1..64).")
