@@ -190,6 +190,8 @@ def bench(
     repeats: int = typer.Option(1, help="Timed repeats (the methods' order rotates from prompt to prompt and repeat to repeat)."),
     mlx_lm: bool = typer.Option(True, "--mlx-lm/--no-mlx-lm", help="Also run mlx-lm's own speculative decoding with the same pair (model drafts; beside an eagle head, the target's first 8 layers)."),
     mlx_lm_draft: Optional[str] = typer.Option(None, "--mlx-lm-draft", help="The draft mlx-lm's peer runs instead (a registry draft, a draft folder or self:L), e.g. its best one for this target when --draft is an eagle head; none: mlx-lm target-only (its fastest where no draft pays). With --backend torch the peer runs on the MLX weights the target was copied from."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1] at T > 0, for every method (mlx-lm's too)."),
+    min_p: float = typer.Option(0.0, "--min-p", help="At T > 0 drop tokens below min-p x the top probability, for every method: e.g. -t 1 --min-p 0.1, the chat's sampling for the default model."),
     against: Optional[str] = typer.Option(None, "--against", help="Another drafter to time side by side with --draft in the same rounds and K setting, e.g. --draft ngram:3+smollm2-135m-eagle --against ngram:3: its speed, tau and the ratio between the two, per category."),
     mlx_lm_k: Optional[int] = typer.Option(None, "--mlx-lm-k", help="Draft tokens per step of mlx-lm's peer (default: --k; 4 under --k auto), e.g. its fastest K from a sweep."),
     dtype: str = DtypeOpt,
@@ -232,7 +234,7 @@ def bench(
                 measured_target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories,
                 per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
                 remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k,
-                against=against), progress)
+                against=against, top_p=top_p, min_p=min_p), progress)
     if as_json:
         print_json(result.to_json())
     else:

@@ -486,6 +486,27 @@ def test_spec_bench_against_another_drafter_in_the_same_rounds(lm):
     assert "vs against = ngram:3 / ngram:2+smollm2-135m-eagle" in " ".join(out.getvalue().split())
 
 
+@pytest.mark.model
+def test_spec_bench_samples_with_the_filters_asked_for_in_every_method(lm, monkeypatch):
+    from mlxspec.measure.bench import peer as peer_module
+
+    seen = []
+    real = peer_module.make_sampler
+    monkeypatch.setattr(peer_module, "make_sampler", lambda **kw: seen.append(kw) or real(**kw))
+    result = bench.spec_bench(bench.SpecOptions(lm, "ngram:3", k=2, temps=(0.0, 1.0), categories=["qa"],
+                                                per_category=1, max_tokens=4, warmup=0, repeats=1, min_p=0.1,
+                                                peer_draft="none"))
+    data = result.to_json()
+    assert data["settings"]["min_p"] == 0.1 and data["settings"]["top_p"] == 1.0
+    assert {kw["min_p"] for kw in seen} == {0.1} and {kw["temp"] for kw in seen} == {0.0, 1.0}
+    texts = [v["text"] for v in data["verdicts"]]
+    assert any(t.startswith("T=1 min-p=0.1, ngram:3 k=2:") for t in texts)
+    assert any(t.startswith("T=0, ngram:3 k=2:") for t in texts)
+    out = io.StringIO()
+    bench.print_spec(result, Console(file=out, width=240))
+    assert "T=1 min-p=0.1:" in out.getvalue() and "T=0 min-p" not in out.getvalue()
+
+
 @pytest.mark.parametrize("against", ["none", "ngram:3"])
 def test_against_must_name_another_drafter(against):
     with pytest.raises(MlxspecError, match="--against names the drafter to compare"):

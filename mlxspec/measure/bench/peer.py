@@ -21,6 +21,7 @@ from mlxspec.core.drafters import ModelDrafter
 from mlxspec.core.drafters.draft_model import DraftModel
 from mlxspec.core.drafters.eagle import EagleDrafter
 from mlxspec.core.model import Llama
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.measure.runs import Run
 from mlxspec.targets import loading
 from mlxspec.targets.drafts import make_drafter
@@ -75,9 +76,13 @@ def mlx_lm_steps(from_draft: list[bool], k: int, max_tokens: int) -> tuple[list[
     return accepted, drafted
 
 
-def mlx_lm_run(peer: Peer, tokenizer, ids: list[int], temperature: float, max_tokens: int,
+def mlx_lm_run(peer: Peer, tokenizer, ids: list[int], params: SamplingParams, max_tokens: int,
                k: int, seed: int) -> Run:
-    """mlx-lm's speculative ``stream_generate``, timed from outside as our engine times itself."""
+    """mlx-lm's speculative ``stream_generate``, timed from outside as our engine times itself,
+    sampling as ``params`` asks (its temperature, top-p and min-p)."""
+    # mlx-lm reads top_p 0 as "off"; it has no filter at 1 either
+    sampler = make_sampler(temp=params.temperature, top_p=0.0 if params.top_p >= 1.0 else params.top_p,
+                           min_p=params.min_p)
     mx.random.seed(seed)
     toks: list[int] = []
     flags: list[bool] = []
@@ -85,7 +90,7 @@ def mlx_lm_run(peer: Peer, tokenizer, ids: list[int], temperature: float, max_to
     finish = None
     t0 = time.perf_counter()
     for r in mlx_lm.stream_generate(peer.target, tokenizer, ids, max_tokens=max_tokens, draft_model=peer.draft,
-                                    num_draft_tokens=k, sampler=make_sampler(temp=temperature)):
+                                    num_draft_tokens=k, sampler=sampler):
         stamps.append(time.perf_counter())
         toks.append(r.token)
         flags.append(bool(r.from_draft))

@@ -66,6 +66,8 @@ class SpecOptions:
     peer_draft: str | None = None
     peer_k: int | None = None
     against: str | None = None
+    top_p: float = 1.0
+    min_p: float = 0.0
 
     def checked(self) -> SpecOptions:
         """The options with K parsed and the temperatures as floats; bad values refused before
@@ -107,6 +109,8 @@ class SpecSettings:
     mlx_lm_draft: str | None = None  # the peer's own drafter, when not the benchmarked one
     tree: str | None = None  # --tree: the shape every speculative step drafts (k is then its depth)
     against: str | None = None  # the drafter timed beside ``draft`` in the same rounds
+    top_p: float = 1.0  # sampling filters at T > 0 (every method, mlx-lm's too)
+    min_p: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ class SpecRunner:
 
     def __call__(self, method: str, t: float, p: list[int], n: int) -> Run:
         if method == "mlx_lm":
-            return mlx_lm_run(self.peer, self.lm.tokenizer, p, t, n, self.plan.peer_k, self.seed)
+            return mlx_lm_run(self.peer, self.lm.tokenizer, p, self.params_of[t], n, self.plan.peer_k, self.seed)
         drafter, policy = {"spec": (self.drafter, self.plan.policy),
                            "against": (self.plan.rival, self.plan.rival_policy)}.get(method, (None, 4))
         policy = policy if isinstance(policy, int) else policy.fresh()
@@ -236,11 +240,17 @@ def _result(lm, o: SpecOptions, plan: _Plan, prompts: tuple[list[dict[str, Any]]
                             o.max_tokens, o.warmup, min(o.max_tokens, WARMUP_TOKENS), o.repeats, o.seed,
                             o.with_mlx_lm, str(o.prompts_file) if o.prompts_file is not None else None,
                             mlx_lm_k=plan.peer_k, mlx_lm_draft=o.peer_draft,
-                            tree=None if plan.tree is None else str(plan.tree), against=o.against)
+                            tree=None if plan.tree is None else str(plan.tree), against=o.against, top_p=o.top_p,
+                            min_p=o.min_p)
     shape = plan.k if plan.tree is None else f"tree {plan.tree}"
     return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
                            verdicts(results, o.draft, shape, "target-only" if o.peer_draft == "none" else "speculative",
-                                    o.against))
+                                    o.against, sampling_filters(o.top_p, o.min_p)))
+
+
+def sampling_filters(top_p: float, min_p: float) -> str:
+    """The filters that act at T > 0, as the tables and verdicts name them (" min-p=0.1")."""
+    return "".join(f" {n}={v:g}" for n, v, off in (("top-p", top_p, 1.0), ("min-p", min_p, 0.0)) if v != off)
 
 
 def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResult:
@@ -255,7 +265,8 @@ def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResu
     """
     o = options.checked()
     meter = CpuMeter()
-    params_of = {t: SamplingParams(temperature=t) for t in o.temps}  # validates them before any loading
+    # validates them before any loading; the filters act at T > 0 only
+    params_of = {t: SamplingParams(temperature=t, top_p=o.top_p, min_p=o.min_p) for t in o.temps}
     items, note = spec_bench_prompts(o.categories, o.per_category, o.prompts_file)
     lm, drafter, stop, ids = prepare_speculative_run(
         o.model, o.draft, o.dtype, items, o.max_tokens, no_drafter="spec_bench needs a drafter (got 'none')")

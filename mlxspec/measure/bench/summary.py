@@ -227,14 +227,14 @@ def _against_verdict(head: str, o: Aggregate, against: str) -> list[Verdict]:
 
 
 def verdicts(results: Sequence[TempResult], draft: str, k: int | str, peer_kind: str = "speculative",
-             against: str | None = None) -> list[Verdict]:
+             against: str | None = None, filters: str = "") -> list[Verdict]:
     """One verdict per temperature (faster / slower / no measurable difference, with its
     interval), the ``against`` drafter and mlx-lm (``peer_kind``: speculative or target-only)
-    where they ran, then problems."""
+    where they ran, then problems. ``filters``: the sampling filters at T > 0 (" min-p=0.1")."""
     out: list[Verdict] = []
     for res in results:
         o = res.overall
-        head = f"{fmt_t(res.temperature)}, {draft} k={k}:"
+        head = f"{fmt_t(res.temperature)}{filters if res.temperature > 0 else ''}, {draft} k={k}:"
         if o.speedup is None:
             out.append(Verdict(Kind.EMPTY, f"{head} no timed runs"))
             continue
