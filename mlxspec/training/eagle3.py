@@ -86,7 +86,7 @@ def zero_taps(data: FeatureSet, taps: tuple[int, ...], zero: tuple[int, ...]) ->
 def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, head: Eagle3Head,
                history: list[EagleStepLog], seconds: float, zero_layers: tuple[int, ...] = ()) -> str:
     c = head.cfg
-    ablation = (f" Trained with the states of blocks {list(zero_layers)} zeroed and their `fc` columns held at zero "
+    ablation = (f"\n\nTrained with the states of blocks {list(zero_layers)} zeroed and their `fc` columns held at zero "
                 "(an ablation): the head reads only the other blocks." if zero_layers else "")
     params = sum(v.size for k, v in tree_flatten(head.parameters()))
     last = history[-min(len(history), 20):]
