@@ -459,6 +459,8 @@ def train_draft(
     context: int = typer.Option(192, help="eagle: slots per training window."),
     backend: str = typer.Option("mlx", "--backend", help="eagle: where the target's features are built and the head trains: mlx, or torch (the same weights on PyTorch, needs the torch extra; on this CPU features 6-8x and training ~2.5x faster). The head is saved in MLX's format either way."),
     device: Optional[str] = DeviceOpt,
+    aux_layers: Optional[str] = typer.Option(None, "--aux-layers", help="eagle3: the target blocks whose input the head reads, comma-separated (its config's eagle_aux_hidden_state_layer_ids; L, the layer count, is the last block's output); default 2, L/2, L-3, as vLLM and SGLang tap."),
+    zero_layers: Optional[str] = typer.Option(None, "--zero-layers", help="eagle3, for ablations: of --aux-layers, those the head is trained without (their states zeroed, their fc columns kept at zero), e.g. --aux-layers 2,15,27,30 --zero-layers 2,15,27 reads the last layer only, from the same cached features as --zero-layers 30."),
 ) -> None:
     """Train a draft for the target with an acceptance-aware loss. --arch draft: self-distillation,
     the target continues prompts from ../shared/data (Spec-Bench questions removed) and its

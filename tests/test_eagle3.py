@@ -530,6 +530,48 @@ def test_training_improves_the_chain_and_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
 
 
+def test_aux_layers_choose_the_taps_and_zero_layers_train_a_head_that_reads_only_the_others(tmp_path):
+    """--aux-layers sets the taps (index L: the last block's output); --zero-layers, an ablation,
+    zeroes some taps' states: their fc columns stay exactly zero through training, so the head
+    drafts the same whatever a serving engine feeds there."""
+    from mlxspec.training.eagle3 import config_for, new_head, zero_taps
+
+    target = mlx_lm_target("llama", seed=3)
+    taps = (2, 4, LAYERS)
+    assert config_for(target, 8, aux_layers=(LAYERS, 2, 4)).aux_layers == taps
+    for bad in ((LAYERS,), (2, 2), (2, LAYERS + 1), (-1, 3)):
+        with pytest.raises(MlxspecError, match="taps 2 or more distinct layers") as e:
+            config_for(target, 8, aux_layers=bad)
+        one_line(e.value)
+    data = tapped_features(target, taps)
+    kept = data.aux[:, 2 * 32 :].copy()
+    zero_taps(data, taps, (2, 4))
+    assert not data.aux[:, : 2 * 32].any() and np.array_equal(data.aux[:, 2 * 32 :], kept)
+    ids = mx.array(DRAFT_IDS)
+    head = new_head(target, ids, aux_layers=taps, zero_layers=(2, 4))
+    fc = np.array(head.fc.weight)
+    assert not fc[:, : 2 * 32].any() and np.array_equal(fc[:, 2 * 32 :], np.eye(32))
+    cfg = EagleTrainConfig(loss="eal", steps=4, batch=4, context=20, k=3, lr=3e-3, warmup=1, feature_weight=0.0)
+    train_head(head, data, target.model.lm_head.weight[ids], cfg, tmp_path / "z")
+    fc = np.array(head.fc.weight)
+    assert not fc[:, : 2 * 32].any() and not np.array_equal(fc[:, 2 * 32 :], np.eye(32))
+    with pytest.raises(MlxspecError, match="no layer to read"):
+        new_head(target, ids, aux_layers=taps, zero_layers=taps)
+
+
+def test_train_draft_checks_aux_and_zero_layers():
+    from mlxspec.training.run import TrainOptions
+
+    for flags, match in ((dict(arch="eagle", aux_layers="2,4"), "--aux-layers and --zero-layers choose"),
+                         (dict(arch="eagle3", zero_layers="2"), "each must be one of --aux-layers"),
+                         (dict(arch="eagle3", aux_layers="2,4", zero_layers="3"), "each must be one of --aux-layers"),
+                         (dict(arch="eagle3", aux_layers="2,x"), "expected comma-separated block indices")):
+        with pytest.raises(MlxspecError, match=match):
+            TrainOptions(out=Path("x"), **flags).resolved()
+    assert TrainOptions(out=Path("x"), arch="eagle3", aux_layers="2,4,8", zero_layers="2,4").resolved().taps() == \
+        ((2, 4, 8), (2, 4))
+
+
 def test_a_head_trained_for_another_tokenizer_is_refused(target, tmp_path):
     folder = save_eagle3(random_head(target), tmp_path / "e3", dtype="float32",
                          extra={"mlxspec": {"tokenizer_sha256": "0" * 64}})

@@ -15,36 +15,50 @@ from mlxspec.training.eagle_train import EagleStepLog, EagleTrainConfig
 from mlxspec.training.features import FeatureSet
 
 
-def config_for(target, draft_vocab: int, intermediate_size: int | None = None) -> Eagle3Config:
-    """The head at the target's width, heads and RoPE base, tapping the blocks vLLM and SGLang
-    tap by default (so either engine feeds it the states it was trained on)."""
+def config_for(target, draft_vocab: int, intermediate_size: int | None = None,
+               aux_layers: tuple[int, ...] | None = None) -> Eagle3Config:
+    """The head at the target's width, heads and RoPE base, tapping ``aux_layers`` (block
+    indices whose input it reads, ``eagle_aux_hidden_state_layer_ids``; index L is the last
+    block's output), by default the blocks vLLM and SGLang tap when a config names none."""
     t = target.config
     if not 1 <= draft_vocab <= t.vocab_size:
         raise MlxspecError(f"head vocabulary must be in 1..{t.vocab_size}, got {draft_vocab}")
-    if t.num_layers < 6:
-        raise MlxspecError(f"an EAGLE-3 head taps blocks 2, L/2 and L-3 of the target; {target.name!r} has only "
-                           f"{t.num_layers} layers")
+    if aux_layers is None:
+        if t.num_layers < 6:
+            raise MlxspecError(f"an EAGLE-3 head taps blocks 2, L/2 and L-3 of the target; {target.name!r} has only "
+                               f"{t.num_layers} layers")
+        aux_layers = default_aux_layers(t.num_layers)
+    taps = tuple(sorted(aux_layers))
+    if len(taps) < 2 or len(set(taps)) != len(taps) or taps[0] < 0 or taps[-1] > t.num_layers:
+        raise MlxspecError(f"--aux-layers {','.join(map(str, aux_layers))}: an EAGLE-3 head taps 2 or more distinct "
+                           f"layers in 0..{t.num_layers} of {target.name!r} (one would give fc the head's own "
+                           "width; see --zero-layers for a head that reads one)")
     return Eagle3Config(
         hidden_size=t.hidden_size, intermediate_size=intermediate_size or t.intermediate_size, num_heads=t.num_heads,
         num_kv_heads=t.num_kv_heads, draft_vocab=draft_vocab, target_vocab=t.vocab_size, target_hidden=t.hidden_size,
-        aux_layers=default_aux_layers(t.num_layers), head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
+        aux_layers=taps, head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
         rope_theta=t.rope_theta, max_position=t.max_position,
     )
 
 
-def new_head(target, vocab_ids: mx.array, seed: int = 0) -> Eagle3Head:
+def new_head(target, vocab_ids: mx.array, seed: int = 0, aux_layers: tuple[int, ...] | None = None,
+             zero_layers: tuple[int, ...] = ()) -> Eagle3Head:
     """A fresh head for ``target`` (float weights) that starts from what the target itself
-    would say: ``fc`` passes the highest tapped block's state through, the layer's residual
+    would say: ``fc`` passes the highest tapped block's state through (the highest not in
+    ``zero_layers``; every other column of ``fc`` starts at zero), the layer's residual
     branches start at zero, ``norm`` and ``lm_head`` are the target's final norm and its output
     rows for ``vocab_ids``. The rest is MLX's default init drawn from ``seed``."""
-    cfg = config_for(target, int(vocab_ids.shape[0]))
+    cfg = config_for(target, int(vocab_ids.shape[0]), aux_layers=aux_layers)
+    live = [i for i, layer in enumerate(cfg.aux_layers) if layer not in zero_layers]
+    if not live:
+        raise MlxspecError(f"--zero-layers {','.join(map(str, zero_layers))} leaves the head no layer to read")
     mx.random.seed(seed)
     head = Eagle3Head(cfg, vocab_ids, target.model.model.embed_tokens)
     params = dict(tree_flatten(target.model.parameters()))
     if any(k.endswith(".scales") for k in params):
         raise MlxspecError("training a head needs the target in float weights (load it with --dtype float32)")
     d, n = cfg.hidden_size, len(cfg.aux_layers)
-    pick = mx.concatenate([mx.zeros((d, (n - 1) * cfg.target_hidden)), mx.eye(d)], axis=1)
+    pick = mx.concatenate([mx.eye(d) if i == live[-1] else mx.zeros((d, cfg.target_hidden)) for i in range(n)], axis=1)
     attn, mlp = head.midlayer.self_attn, head.midlayer.mlp
     head.load_weights([
         ("fc.weight", pick),
@@ -57,9 +71,23 @@ def new_head(target, vocab_ids: mx.array, seed: int = 0) -> Eagle3Head:
     return head
 
 
+def zero_taps(data: FeatureSet, taps: tuple[int, ...], zero: tuple[int, ...]) -> None:
+    """An ablation (``--zero-layers``): the states of blocks ``zero`` among ``data.aux``'s taps
+    (``taps``, ascending) set to zero in place. The head then reads only the others: the
+    gradient of their ``fc`` columns is zero, so those keep ``new_head``'s zeros (no weight
+    decay), and the head drafts the same whatever a serving engine feeds in their place."""
+    if not zero:
+        return
+    width = data.aux.shape[1] // len(taps)
+    for i in (taps.index(layer) for layer in zero):
+        data.aux[:, i * width : (i + 1) * width] = 0
+
+
 def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, head: Eagle3Head,
-               history: list[EagleStepLog], seconds: float) -> str:
+               history: list[EagleStepLog], seconds: float, zero_layers: tuple[int, ...] = ()) -> str:
     c = head.cfg
+    ablation = (f"\n\nTrained with the states of blocks {list(zero_layers)} zeroed and their `fc` columns held at zero "
+                "(an ablation): the head reads only the other blocks." if zero_layers else "")
     params = sum(v.size for k, v in tree_flatten(head.parameters()))
     last = history[-min(len(history), 20):]
     mean = lambda a: sum(getattr(h, a) for h in last) / max(len(last), 1)  # noqa: E731
@@ -71,7 +99,7 @@ An EAGLE-3 draft head for `{data.meta.get('target', '?')}`, in the published EAG
 states entering target blocks {list(c.aux_layers)}, one decoder layer reads [embedding; feature],
 and `lm_head` scores the {c.draft_vocab} tokens the target emits most in the training data
 (`d2t` maps them to target ids; q = 0 elsewhere, so verification stays exact). {params / 1e6:.1f}M
-parameters of its own; the folder also carries the target's embedding table, as published heads do.
+parameters of its own; the folder also carries the target's embedding table, as published heads do.{ablation}
 
 Reproduce: `{recipe}`
 

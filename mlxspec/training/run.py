@@ -73,6 +73,20 @@ class TrainOptions:
     context: int = 192
     backend: str = "mlx"
     device: str | None = None
+    # --arch eagle3
+    aux_layers: str | None = None  # comma-separated block indices; None: 2, L/2, L-3
+    zero_layers: str | None = None  # of aux_layers, those the head is trained without (ablations)
+
+    def taps(self) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+        """(--aux-layers, --zero-layers) as block indices; None: the default taps."""
+        def parse(flag: str, text: str | None) -> tuple[int, ...] | None:
+            if text is None:
+                return None
+            try:
+                return tuple(int(w) for w in text.split(","))
+            except ValueError:
+                raise MlxspecError(f"{flag} {text!r}: expected comma-separated block indices, e.g. 2,15,27") from None
+        return parse("--aux-layers", self.aux_layers), parse("--zero-layers", self.zero_layers) or ()
 
     def resolved(self) -> TrainOptions:
         """The options a run uses: the flags that do not apply refused, ``--quick``'s CI-sized
@@ -80,6 +94,11 @@ class TrainOptions:
         o = replace(self, lr=self.lr or DEFAULT_LR)
         if o.arch == "eagle3" and (o.backend != "mlx" or o.device is not None):
             raise MlxspecError("--arch eagle3 builds its features and trains on MLX (--backend mlx)")
+        if o.arch != "eagle3" and (o.aux_layers is not None or o.zero_layers is not None):
+            raise MlxspecError("--aux-layers and --zero-layers choose the target layers an --arch eagle3 head reads")
+        aux, zero = o.taps()
+        if zero and not set(zero) <= set(aux or ()):
+            raise MlxspecError(f"--zero-layers {o.zero_layers}: each must be one of --aux-layers (given explicitly)")
         if o.arch == "eagle3":  # no feature regression: its output is in its own space
             o = replace(o, feature_weight=0.0)
         if o.arch in ("eagle", "eagle3"):
@@ -126,7 +145,7 @@ RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
     "eagle3": (("arch", ALWAYS), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS),
                ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("head_vocab", ALWAYS),
                ("examples_per_category", ALWAYS), ("max_examples", CHANGED), ("target_written", CHANGED),
-               ("seed", ALWAYS), ("out", ALWAYS)),
+               ("aux_layers", CHANGED), ("zero_layers", CHANGED), ("seed", ALWAYS), ("out", ALWAYS)),
 }
 
 
@@ -244,14 +263,18 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     teacher = load(opts.model, "float32", spec)
     target = teacher.source if spec != "mlx" else teacher  # the head is built and saved as MLX's
     require_native(target, f"train-draft --arch {opts.arch}")
-    # An EAGLE-3 head reads the states entering the blocks vLLM and SGLang tap by default.
-    taps = e3.config_for(target, 1).aux_layers if opts.arch == "eagle3" else ()
+    # An EAGLE-3 head reads the states entering the blocks --aux-layers names (by default those
+    # vLLM and SGLang tap when a config names none).
+    aux, zero = opts.taps()
+    taps = e3.config_for(target, 1, aux_layers=aux).aux_layers if opts.arch == "eagle3" else ()
     report(Report("features"))
     data = et.prepare_features(teacher, opts.examples_per_category, opts.max_examples, cfg.seed,
                                128 if opts.quick else 256, opts.target_written,
                                progress=lambda stage, i, n: report(Report(stage, i, n)), taps=taps)
+    e3.zero_taps(data, taps, zero)
     vocab = et.head_vocabulary(data, opts.head_vocab, target)
-    head = e3.new_head(target, vocab, seed=cfg.seed) if taps else new_head(target, vocab, seed=cfg.seed)
+    head = (e3.new_head(target, vocab, seed=cfg.seed, aux_layers=taps, zero_layers=zero) if taps
+            else new_head(target, vocab, seed=cfg.seed))
     params = dict(tree_flatten(target.model.parameters()))  # the target's output rows: the teacher's
     rows = params.get("lm_head.weight", params["model.embed_tokens.weight"])[head.vocab_ids]
 
@@ -275,7 +298,8 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
         save_eagle3(head, opts.out, embed_table=params["model.embed_tokens.weight"],
                     extra={"mlxspec": {"target": target.name, "recipe": command,
                                        "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}})
-        (opts.out / "README.md").write_text(e3.model_card(opts.out.name, command, data, cfg, head, history, seconds))
+        (opts.out / "README.md").write_text(e3.model_card(opts.out.name, command, data, cfg, head, history, seconds,
+                                                             zero))
     else:
         save_head(head, opts.out, card=et.model_card(opts.out.name, command, data, cfg, head, history, seconds),
                   extra={"target": target.name, "recipe": command})
