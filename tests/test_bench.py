@@ -462,6 +462,9 @@ def test_spec_bench_on_torch_against_mlx_lm_target_only():
     assert 0 < peer["generated_tokens"] <= 6 and set(peer["drafted"]) == {0} and set(peer["accepted"]) == {0}
     assert any("mlxspec / mlx-lm target-only = " in v["text"] for v in data["verdicts"])
     assert all(r["identical_to_target"] for r in data["runs"] if r["method"] == "spec")
+    out = io.StringIO()
+    bench.print_spec(result, Console(file=out, width=220))
+    assert "target-only (no draft model)" in out.getvalue() and "draft tokens a step" not in out.getvalue()
     plain = bench.spec_bench(bench.SpecOptions(tl, "ngram:3", k=2, temps=(0.0,), categories=["qa"], per_category=1,
                                                max_tokens=4, warmup=0, repeats=1))
     assert plain.to_json()["mlx_lm"] is None and "--mlx-lm-draft none" in plain.to_json()["mlx_lm_reason"]

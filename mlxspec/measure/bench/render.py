@@ -167,7 +167,8 @@ def print_spec(result: SpecBenchResult, console) -> None:
     if result.peer.target is None and result.settings.with_mlx_lm:
         console.print(f"[dim]mlx-lm peer: none ({result.peer.reason})[/]")
     elif result.peer.target is not None:
-        console.print(f"[dim]mlx-lm peer: {result.peer.description}, {result.settings.mlx_lm_k} draft tokens a step[/]")
+        per_step = "" if result.peer.draft is None else f", {result.settings.mlx_lm_k} draft tokens a step"
+        console.print(f"[dim]mlx-lm peer: {result.peer.description}{per_step}[/]")
     print_verdicts(result.verdicts, console)
 
 
