@@ -194,8 +194,7 @@ def test_sourced_k_learns_each_part_on_its_own_steps(target):
     assert lookup.draft_ms < 0.1 and head.draft_ms > 1.0
     assert math.isclose(lookup.scale, head.scale) and policy.scale == lookup.scale and policy.timed_steps == 60
     assert lookup.best() > 0 and head.best() == 0
-    d.history = [5, 6, 7, 5, 6]
-    d._choice = None
+    d.reset([5, 6, 7, 5, 6])  # [5, 6] occurred before: lookup drafts next
     assert policy.next_k() == lookup.best()
     assert set(policy.describe()) == {"ngram:2", "eagle"}
     fresh = policy.fresh()

@@ -254,6 +254,7 @@ class SourcedK:
         self.policies[self.drafter.used].observe(drafted, accepted)
 
     def observe_timing(self, draft_ms: float, verify_ms: float, drafted: int) -> None:
+        # a draft time only for the part that drafted (AutoK skips a non-finite one)
         for i, p in enumerate(self.policies):
             p.observe_timing(draft_ms if i == self.drafter.used else math.nan, verify_ms, drafted)
 
@@ -268,8 +269,10 @@ def _auto_for(drafter: Any, cost: Any, max_k: int) -> AutoK:
     return AutoK(cost, max_k=max_k, draft_prior_ratio=ratio)
 
 
-def k_policy(spec: Any, drafter: Any, cost_curve: Callable[[int], Any], max_k: int | None = None) -> int | AutoK:
-    """A ``--k`` value as the engine takes it: an int for a fixed K, or an ``AutoK`` for ``auto``
+def k_policy(spec: Any, drafter: Any, cost_curve: Callable[[int], Any],
+             max_k: int | None = None) -> int | AutoK | SourcedK:
+    """A ``--k`` value as the engine takes it: an int for a fixed K, or an ``AutoK`` (a ``SourcedK``
+    for a cascade) for ``auto``
     (drafting up to ``max_k``, default 8, against ``cost_curve(n)``, this machine's cost of target
     passes over 1..n tokens). ``spec`` None (``--k`` not given): auto with a drafter; without one
     K is unused (4)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mlxspec.core.drafters.base import Commit, Proposal
+from mlxspec.core.drafters.base import Commit, Proposal, can_branch
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import TreeShape
 from mlxspec.errors import MlxspecError
@@ -39,13 +39,13 @@ class CascadeDrafter:
         parts = list(parts)
         if len(parts) < 2:
             raise MlxspecError("a cascade needs at least two drafters")
-        if any(not callable(getattr(p, "offers", None)) for p in parts[:-1]):
-            bad = next(p.name for p in parts[:-1] if not callable(getattr(p, "offers", None)))
-            raise MlxspecError(f"{bad!r} cannot go first in a cascade: only prompt lookup (ngram:N, suffix:N) "
+        first = next((p for p in parts[:-1] if not callable(getattr(p, "offers", None))), None)
+        if first is not None:
+            raise MlxspecError(f"{first.name!r} cannot go first in a cascade: only prompt lookup (ngram:N, suffix:N) "
                                "can say in advance whether it has a draft")
-        if not all(getattr(p, "commits_any", False) for p in parts):
-            bad = next(p.name for p in parts if not getattr(p, "commits_any", False))
-            raise MlxspecError(f"{bad!r} cannot take part in a cascade: its cache holds its own drafts, so it "
+        stateful = next((p for p in parts if not getattr(p, "commits_any", False)), None)
+        if stateful is not None:
+            raise MlxspecError(f"{stateful.name!r} cannot take part in a cascade: its cache holds its own drafts, so it "
                                "cannot follow steps another drafter proposed (use ngram:N, suffix:N or an eagle head)")
         hidden = [p.wants_hidden for p in parts if p.wants_hidden]
         if len(hidden) > 1:
@@ -56,13 +56,13 @@ class CascadeDrafter:
         self.commits_any = True
         self.history: list[int] = []
         self.used = len(parts) - 1
-        self._choice: tuple[int, int] | None = None  # (len(history), part) of the last choice
+        self._upcoming: int | None = None  # the part chosen after ``history``, until it grows
 
     def reset(self, prompt: list[int], hidden: Any = None) -> None:
         for p in self.parts:
             p.reset(prompt, hidden if p.wants_hidden else None)
         self.history = list(prompt)
-        self._choice = None
+        self._upcoming = None
 
     @property
     def proposer(self) -> str:
@@ -70,20 +70,19 @@ class CascadeDrafter:
         return self.parts[self.used].name
 
     def upcoming(self) -> int:
-        """The part that will draft after the committed text (cached until the next commit)."""
-        return self._source(self.history)
+        """The part that will draft after the committed text (asked once until the next commit)."""
+        if self._upcoming is None:
+            self._upcoming = self._first_offering(self.history)
+        return self._upcoming
 
-    def _source(self, history: list[int]) -> int:
-        if self._choice is not None and self._choice[0] == len(history) and history is self.history:
-            return self._choice[1]
-        i = next((i for i, p in enumerate(self.parts[:-1]) if p.offers(history)), len(self.parts) - 1)
-        if history is self.history:
-            self._choice = (len(history), i)
-        return i
+    def _first_offering(self, history: list[int]) -> int:
+        return next((i for i, p in enumerate(self.parts[:-1]) if p.offers(history)), len(self.parts) - 1)
 
     def _part_for(self, history: list[int]) -> Any:
+        """The part for ``history``: the cached choice when it is the committed text, else asked
+        afresh (a caller that skipped ``reset`` or ``commit``)."""
         same = len(history) == len(self.history) and history[-1:] == self.history[-1:]
-        self.used = self._source(self.history if same else list(history))
+        self.used = self.upcoming() if same else self._first_offering(history)
         return self.parts[self.used]
 
     def propose(self, history: list[int], k: int, params: SamplingParams, key: Any) -> Proposal:
@@ -92,7 +91,7 @@ class CascadeDrafter:
     def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: Any,
                      draft_probs: bool = False) -> Proposal:
         part = self._part_for(history)
-        if not callable(getattr(part, "propose_tree", None)):
+        if not can_branch(part):
             raise MlxspecError(f"drafter {part.name!r} cannot branch")
         return part.propose_tree(history, shape, params, key, draft_probs)
 
@@ -100,4 +99,4 @@ class CascadeDrafter:
         for p in self.parts:
             p.commit(commit)
         self.history += [commit.drafted[i] for i in commit.accepted_nodes] + [commit.next_token]
-        self._choice = None
+        self._upcoming = None

@@ -120,13 +120,14 @@ class TurnStats:
     def by_drafter(self) -> list[tuple[str, float, float | None]]:
         """For each drafter that proposed in this turn (a cascade's parts): its share of the
         steps and the share of its drafted tokens accepted, in order of first use."""
-        drafted: dict[str, list[int]] = {}
+        steps, drafted, kept = Counter(), Counter(), Counter()
         for s in self.steps:
-            if s.step.drafter is not None:
-                d = drafted.setdefault(s.step.drafter, [0, 0, 0])
-                d[0], d[1], d[2] = d[0] + 1, d[1] + s.step.k, d[2] + s.step.accepted
+            if (name := s.step.drafter) is not None:
+                steps[name] += 1
+                drafted[name] += s.step.k
+                kept[name] += s.step.accepted
         n = len(self.steps)
-        return [(name, steps / n, kept / k if k else None) for name, (steps, k, kept) in drafted.items()]
+        return [(name, steps[name] / n, kept[name] / drafted[name] if drafted[name] else None) for name in steps]
 
     def mean_draft_ms(self) -> float | None:
         return statistics.fmean(self.collector.draft_ms) if self.collector.draft_ms else None

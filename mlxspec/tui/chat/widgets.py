@@ -273,7 +273,7 @@ def _cascade_rows(t: Text, s: TurnStats | None, settings: Settings) -> None:
     for name in parts:
         share, kept = seen.get(name, (None, None))
         label = name if len(name) <= 14 else name[:13] + "…"
-        _row(t, label, "–" if share is None else f"{share:4.0%}  {_num(kept and kept * 100, '3.0f', '%')}")
+        _row(t, label, "–" if share is None else f"{share:4.0%}  " + ("–" if kept is None else f"{kept:4.0%}"))
 
 
 def _acceptance_bars(t: Text, s: TurnStats | None, hue: Style, bar_width: int) -> None:
