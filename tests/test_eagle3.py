@@ -581,24 +581,112 @@ def test_a_head_trained_for_another_tokenizer_is_refused(target, tmp_path):
     one_line(e.value)
 
 
-def test_train_draft_arch_eagle3_refuses_torch():
-    from mlxspec.training.run import TrainOptions
+def test_the_tapped_teacher_pass_on_torch_is_mlxs(target):
+    """Features for --backend torch: the same taps, final feature, logsumexp and argmax."""
+    from mlxspec.torchpath.model import Llama as TorchLlama
 
-    with pytest.raises(MlxspecError, match="eagle3 builds its features and trains on MLX"):
-        TrainOptions(out=Path("x"), arch="eagle3", backend="torch").resolved()
+    taps = (2, 4, LAYERS)
+    rng = np.random.default_rng(5)
+    seqs = [rng.integers(1, VOCAB, size=n).tolist() for n in (24, 17, 9)]
+    twin = TorchLlama.from_mlx(target.model)
+    for ours, theirs in zip(teacher_pass(target.model, seqs, taps), teacher_pass(twin, seqs, taps)):
+        for a, b in zip(ours, theirs):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), atol=2e-2, rtol=1e-2)
+        assert theirs[2].tolist() == ours[2].tolist()
+
+
+def test_torch_objectives_and_gradients_equal_mlx(target):
+    """--backend torch trains an EAGLE-3 head on the same function: objectives and every
+    parameter's gradient equal MLX's on one batch (the first step reads three taps, the next
+    ones the head's own outputs; no feature regression)."""
+    import mlx.nn as nn
+
+    from mlxspec.torchpath.model import Eagle3Head as TorchHead
+    from mlxspec.torchpath.model import Llama as TorchLlama
+    from mlxspec.training import torch_train as te
+
+    head = random_head(target, seed=4)
+    data = tapped_features(target, head.wants_hidden)
+    col_of = np.full(VOCAB, -1, np.int32)
+    col_of[np.array(DRAFT_IDS)] = np.arange(len(DRAFT_IDS))
+    batch = make_batch(data, np.arange(4), 20, np.random.default_rng(2), col_of)
+    batch["teacher_rows"] = target.model.lm_head.weight[head.vocab_ids]
+    cfg = EagleTrainConfig(loss="eal", k=3, temp=1.0, batch=4, context=20, feature_weight=0.0)
+    ours, grads = nn.value_and_grad(head, lambda b: objectives(head, b, cfg, 0.3))(batch)
+    twin = TorchHead.from_mlx(head, TorchLlama.from_mlx(target.model)).float().requires_grad_(True)
+    theirs = te.objectives(twin, te.to_torch_batch(batch, torch.device("cpu")), cfg, 0.3)
+    for a, b in zip(ours, theirs):
+        assert b.item() == pytest.approx(a.item(), rel=1e-4, abs=1e-6)
+    theirs[0].backward()
+    flat_grads = dict(tree_flatten(grads))
+    for name, p in twin.named_parameters():
+        g = np.array(flat_grads[name])
+        np.testing.assert_allclose(p.grad.numpy(), g, rtol=2e-3, atol=2e-5 * max(np.abs(g).max(), 1e-3), err_msg=name)
+
+
+def test_torch_training_improves_the_chain_governs_threads_and_saves_what_it_trained(tmp_path):
+    from mlxspec.torchpath.model import Llama as TorchLlama
+    from mlxspec.training.eagle3 import new_head
+    from mlxspec.training.torch_train import TorchStepper
+
+    target = mlx_lm_target("llama", seed=3)
+    twin = TorchLlama.from_mlx(target.model)
+    data = tapped_features(SimpleNamespace(model=twin), default_aux_layers(LAYERS))  # built on torch too
+    ids = mx.array(DRAFT_IDS)
+    rows = target.model.lm_head.weight[ids]
+    cfg = EagleTrainConfig(loss="eal", steps=6, batch=4, context=20, k=3, lr=3e-3, warmup=1, checkpoint_every=3,
+                           feature_weight=0.0)
+    col_of = np.full(VOCAB, -1, np.int32)
+    col_of[np.array(ids)] = np.arange(len(DRAFT_IDS))
+    fixed = make_batch(data, np.arange(8), 20, np.random.default_rng(1), col_of)
+    fixed["teacher_rows"] = rows
+    head = new_head(target, ids)
+    before = objectives(head, fixed, cfg, 0.0)[4].item()
+    twin.threads = SimpleNamespace(ticks=0)
+    twin.threads.tick = lambda: setattr(twin.threads, "ticks", twin.threads.ticks + 1)
+    train_head(head, data, rows, cfg, tmp_path / "t", stepper=TorchStepper(head, cfg, twin))
+    assert objectives(head, fixed, cfg, 0.0)[4].item() > before
+    assert twin.threads.ticks == cfg.steps  # each step sizes torch's threads to the cores left free
+    saved = load_eagle3(tmp_path / "t" / "checkpoint", target)
+    for (k, a), (_, b) in zip(tree_flatten(head.parameters()), tree_flatten(saved.parameters())):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
+
+
+def test_a_head_trained_without_some_taps_is_written_without_them(target):
+    """--zero-layers 8 of taps 2,4,8 leaves a head on 2,4: dropping the zero fc columns keeps the
+    same function whatever block 8 holds; with one tap left the head stays as it is."""
+    from mlxspec.training.eagle3 import without_taps
+
+    head = random_head(target, aux=(2, 4, LAYERS))
+    w = np.array(head.fc.weight)
+    w[:, 2 * 32 :] = 0
+    head.load_weights([("fc.weight", mx.array(w))], strict=False)
+    two = without_taps(head, (LAYERS,), target)
+    assert two.cfg.aux_layers == (2, 4) and two.fc.weight.shape == (32, 64)
+    seq = mx.array([PROMPT_IDS])
+    taps = target.model(seq, None, return_hidden=(2, 4, LAYERS))[1]
+    np.testing.assert_allclose(np.array(two(taps[..., : 2 * 32], seq)[1]), np.array(head(taps, seq)[1]),
+                               atol=1e-5, rtol=1e-5)
+    assert without_taps(head, (2, 4), target) is head and without_taps(head, (), target) is head
+    with pytest.raises(MlxspecError, match="not zero"):
+        without_taps(head, (2,), target)
 
 
 @pytest.mark.model
-def test_quick_eagle3_training_writes_the_published_format_and_drafts_exactly(tmp_path, lm):
-    """`train-draft --arch eagle3 --quick` on the real target end to end: the folder is the
-    published layout, loads as --draft, and greedy speculation with it is the target's own."""
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_quick_eagle3_training_writes_the_published_format_and_drafts_exactly(tmp_path, lm, backend):
+    """`train-draft --arch eagle3 --quick` on the real target end to end, on either backend: the
+    folder is the published layout, loads as --draft, and greedy speculation with it is the
+    target's own."""
     from typer.testing import CliRunner
 
     from mlxspec.cli import app
     from mlxspec.targets.tokenizer import encode_prompt
 
     out = tmp_path / "e3"
-    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle3", "--quick", "--out", str(out), "--json"])
+    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle3", "--quick", "--backend", backend, "--out", str(out),
+                                 "--json"])
     assert r.exit_code == 0, r.output
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]

@@ -249,6 +249,20 @@ def teacher_outputs(model: Llama, batch: np.ndarray) -> tuple[np.ndarray, np.nda
         return h.half().cpu().numpy(), lse.cpu().numpy(), am.int().cpu().numpy()
 
 
+def tapped_teacher_outputs(model: Llama, batch: np.ndarray, every: tuple[int, ...],
+                           pick: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """``teacher_outputs`` tapping the blocks ``every`` (ascending, the last block's output
+    last): the final normed hidden states, the taps at indices ``pick`` of ``every`` side by
+    side (both float16), the logsumexp and the argmax."""
+    with torch.inference_mode():
+        logits, tapped = model(torch.from_numpy(batch.astype(np.int64)), None, return_hidden=every)
+        parts = tapped.split(tapped.shape[-1] // len(every), dim=-1)
+        h = model.model.norm(parts[-1])
+        aux = torch.cat([parts[i] for i in pick], dim=-1)
+        lse, am = torch.logsumexp(logits.float(), dim=-1), logits.argmax(dim=-1)
+        return h.half().cpu().numpy(), aux.half().cpu().numpy(), lse.cpu().numpy(), am.int().cpu().numpy()
+
+
 def _full_logits(reduced: torch.Tensor, vocab_ids: torch.Tensor, vocab: int) -> torch.Tensor:
     """Reduced logits (..., n) over ``vocab_ids`` -> the full vocabulary, -inf elsewhere."""
     full = reduced.new_full((*reduced.shape[:-1], vocab), float("-inf"))
@@ -342,9 +356,12 @@ class EagleHead(nn.Module):
         cos, sin = self.rope.tables(positions, h.dtype)
         return self.block(h, mask, None if cache is None else cache[0], self.rope, cos, sin)
 
+    def logits(self, pred: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(pred)
+
     def forward(self, features, tokens, cache=None, mask=None, positions=None):
         pred = self.predict(features, tokens, cache, mask, positions)
-        return pred, self.lm_head(pred)
+        return pred, self.logits(pred)
 
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
         return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab)

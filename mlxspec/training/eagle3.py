@@ -5,6 +5,8 @@ card. The architecture is ``core/drafters/eagle3.py``; the published format it i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
@@ -83,11 +85,35 @@ def zero_taps(data: FeatureSet, taps: tuple[int, ...], zero: tuple[int, ...]) ->
         data.aux[:, i * width : (i + 1) * width] = 0
 
 
+def without_taps(head: Eagle3Head, zero: tuple[int, ...], target) -> Eagle3Head:
+    """``head`` reading only the taps not in ``zero``, when two or more are left: the columns of
+    ``fc`` dropped with them are exactly zero after ``--zero-layers`` training, so it is the same
+    function, in the layout a serving engine taps (a head trained on 2,15,27,30 without 30 is a
+    head on vLLM's default 2,15,27). Otherwise ``head`` as it is."""
+    taps = head.cfg.aux_layers
+    keep = [i for i, layer in enumerate(taps) if layer not in zero]
+    if not zero or len(keep) < 2:
+        return head
+    width = head.cfg.target_hidden
+    w = head.fc.weight
+    dropped = mx.concatenate([w[:, i * width : (i + 1) * width] for i in range(len(taps)) if i not in keep], axis=1)
+    if mx.any(dropped != 0).item():
+        raise MlxspecError(f"the fc columns of taps {list(zero)} are not zero: the head reads them")
+    out = Eagle3Head(replace(head.cfg, aux_layers=tuple(taps[i] for i in keep)), head.vocab_ids,
+                     target.model.model.embed_tokens)
+    fc = mx.concatenate([w[:, i * width : (i + 1) * width] for i in keep], axis=1)
+    out.load_weights([(k, v) for k, v in tree_flatten(head.parameters()) if k != "fc.weight"] + [("fc.weight", fc)])
+    mx.eval(out.parameters())
+    return out
+
+
 def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, head: Eagle3Head,
                history: list[EagleStepLog], seconds: float, zero_layers: tuple[int, ...] = ()) -> str:
     c = head.cfg
+    written = ("; it is written without them, which leaves the same function" if zero_layers and
+               not set(zero_layers) & set(c.aux_layers) else "")
     ablation = (f"\n\nTrained with the states of blocks {list(zero_layers)} zeroed and their `fc` columns held at zero "
-                "(an ablation): the head reads only the other blocks." if zero_layers else "")
+                f"(an ablation): the head reads only the other blocks{written}." if zero_layers else "")
     params = sum(v.size for k, v in tree_flatten(head.parameters()))
     last = history[-min(len(history), 20):]
     mean = lambda a: sum(getattr(h, a) for h in last) / max(len(last), 1)  # noqa: E731

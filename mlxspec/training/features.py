@@ -106,8 +106,8 @@ def encode_example(tokenizer, prompt: str, response: str, max_tokens: int = MAX_
 def teacher_pass(model, seqs: Sequence[list[int]], taps: tuple[int, ...] = ()) -> list[tuple[np.ndarray, ...]]:
     """One batched target pass over right-padded ``seqs``: per example its features (float16),
     logsumexp and argmax at every real position (padding sits after them, so causal attention
-    keeps it out of every real row), and with ``taps`` (MLX only) the states entering those
-    blocks (float16). ``model`` may be the torch twin of the target (the same weights: ~1.9x
+    keeps it out of every real row), and with ``taps`` the states entering those blocks
+    (float16). ``model`` may be the torch twin of the target (the same weights: ~1.9x
     the positions per second of MLX's CPU backend here, BENCHMARKS.md §15)."""
     width = max(len(s) for s in seqs)
     batch = np.zeros((len(seqs), width), np.int32)
@@ -132,17 +132,20 @@ def teacher_pass(model, seqs: Sequence[list[int]], taps: tuple[int, ...] = ()) -
 def _tapped_pass(model, batch: np.ndarray, seqs: Sequence[list[int]], taps: tuple[int, ...]) -> list[tuple[np.ndarray, ...]]:
     """``teacher_pass`` with the tapped states: the same pass also taps the last block's output,
     whose final norm is the feature the teacher's rows score (no second pass)."""
-    if ops_for(model).name != "mlx":
-        raise MlxspecError("tapped features (an EAGLE-3 head's) are built on MLX; use --backend mlx")
     last = model.cfg.num_layers
     every = tuple(sorted(set(taps) | {last}))
-    logits, tapped = model(mx.array(batch), None, return_hidden=every)
-    parts = mx.split(tapped, len(every), axis=-1)
-    h16 = model.model.norm(parts[-1]).astype(mx.float16)
-    aux16 = mx.concatenate([parts[every.index(t)] for t in sorted(taps)], axis=-1).astype(mx.float16)
-    lse, am = mx.logsumexp(logits, axis=-1), mx.argmax(logits, axis=-1)
-    mx.eval(lse, am, h16, aux16)
-    h, aux, lse, am = np.array(h16), np.array(aux16), np.array(lse), np.array(am).astype(np.int32)
+    if ops_for(model).name == "torch":
+        from mlxspec.torchpath.model import tapped_teacher_outputs  # imports torch, an optional extra
+
+        h, aux, lse, am = tapped_teacher_outputs(model, batch, every, tuple(every.index(t) for t in sorted(taps)))
+    else:
+        logits, tapped = model(mx.array(batch), None, return_hidden=every)
+        parts = mx.split(tapped, len(every), axis=-1)
+        h16 = model.model.norm(parts[-1]).astype(mx.float16)
+        aux16 = mx.concatenate([parts[every.index(t)] for t in sorted(taps)], axis=-1).astype(mx.float16)
+        lse, am = mx.logsumexp(logits, axis=-1), mx.argmax(logits, axis=-1)
+        mx.eval(lse, am, h16, aux16)
+        h, aux, lse, am = np.array(h16), np.array(aux16), np.array(lse), np.array(am).astype(np.int32)
     return [(h[i, : len(s)], lse[i, : len(s)], am[i, : len(s)], aux[i, : len(s)]) for i, s in enumerate(seqs)]
 
 

@@ -92,8 +92,6 @@ class TrainOptions:
         """The options a run uses: the flags that do not apply refused, ``--quick``'s CI-sized
         settings in place of the ones they stand for, the learning rate's default filled in."""
         o = replace(self, lr=self.lr or DEFAULT_LR)
-        if o.arch == "eagle3" and (o.backend != "mlx" or o.device is not None):
-            raise MlxspecError("--arch eagle3 builds its features and trains on MLX (--backend mlx)")
         if o.arch != "eagle3" and (o.aux_layers is not None or o.zero_layers is not None):
             raise MlxspecError("--aux-layers and --zero-layers choose the target layers an --arch eagle3 head reads")
         aux, zero = o.taps()
@@ -295,6 +293,7 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     seconds = time.perf_counter() - t0
     command = recipe(opts)
     if taps:
+        head = e3.without_taps(head, zero, target)
         save_eagle3(head, opts.out, embed_table=params["model.embed_tokens.weight"],
                     extra={"mlxspec": {"target": target.name, "recipe": command,
                                        "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}})

@@ -1,8 +1,8 @@
-"""Training an eagle head on torch: the twin of ``eagle_train.py``'s objectives and its optimiser
-step, for ``train_head(..., stepper=TorchStepper(head, cfg, torch_target))``.
+"""Training an eagle or EAGLE-3 head on torch: the twin of ``eagle_train.py``'s objectives and its
+optimiser step, for ``train_head(..., stepper=TorchStepper(head, cfg, torch_target))``.
 
-The loop, batches, log and checkpoints stay in ``eagle_train.py``; this trains the
-head's torch twin (``torchpath.model.EagleHead``, built ``from_mlx``) and copies the weights
+The loop, batches, log and checkpoints stay in ``eagle_train.py``; this trains the head's torch
+twin (``torchpath.model.EagleHead`` or ``Eagle3Head``, built ``from_mlx``) and copies the weights
 back into the MLX head whenever it is saved. The objectives are the MLX ones term for term
 (``tests/test_eagle.py`` checks the values and gradients against them); the optimiser is
 torch's AdamW, which corrects Adam's moment bias where MLX's does not, so the two backends'
@@ -21,7 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlxspec.torchpath.model import EagleHead, Llama
+from mlxspec.core.drafters.eagle3 import Eagle3Head as MlxEagle3Head
+from mlxspec.torchpath.model import Eagle3Head, EagleHead, Llama
 from mlxspec.training.eagle_train import EagleTrainConfig
 from mlxspec.training.train import warmup_cosine
 
@@ -48,7 +49,7 @@ def unroll_mask(length: int, step: int, device: Any) -> torch.Tensor:
     return torch.cat([s <= t - (step - 1)] + [s == t - (step - i) for i in range(2, step + 1)], dim=1)
 
 
-def unroll(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, k: int) -> list[torch.Tensor]:
+def unroll(head: EagleHead | Eagle3Head, features: torch.Tensor, tokens: torch.Tensor, k: int) -> list[torch.Tensor]:
     length = features.shape[1]
     positions = torch.arange(length, device=features.device)
     keys, outs, inp = _StepKeys(), [], features
@@ -114,7 +115,7 @@ def chain_expected_length(accepts: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def objectives(head: EagleHead, batch: dict[str, torch.Tensor], cfg: EagleTrainConfig, lam: float):
+def objectives(head: EagleHead | Eagle3Head, batch: dict[str, torch.Tensor], cfg: EagleTrainConfig, lam: float):
     """``training.eagle_train.objectives`` on torch: (loss, kl, feature loss, first-draft
     acceptance, chain length)."""
     B, length = batch["mask"].shape
@@ -127,17 +128,21 @@ def objectives(head: EagleHead, batch: dict[str, torch.Tensor], cfg: EagleTrainC
     teacher = Teacher(target @ batch["teacher_rows"].T - flat(batch["lse"])[..., None], cfg.temp)
     cols = flat(batch["cols"])
     kls, feat_losses, accepts = [], [], []
+    regress = not isinstance(head, Eagle3Head)  # an EAGLE-3 head's output is in its own space
     for j, pred in enumerate(unroll(head, batch["features"], batch["tokens"], cfg.k)):
         mask = flat(batch["mask"] * (torch.arange(length, device=rows.device) >= j)[None, :])
         p = flat(pred)
-        z = head.lm_head(p)
+        z = head.logits(p)
         log_q = _logprobs(z, cfg.temp)
         if cfg.loss == "kl" or lam > 0:
             kls.append(_masked_mean(kl_rows(teacher, log_q), mask))
         elif j == 0:
             kls.append(_masked_mean(kl_rows(teacher, log_q.detach()), mask))
-        huber = F.smooth_l1_loss(p, target, reduction="none").mean(-1)
-        feat_losses.append((huber * mask).sum() / mask.sum().clamp(min=1.0))
+        if regress:
+            huber = F.smooth_l1_loss(p, target, reduction="none").mean(-1)
+            feat_losses.append((huber * mask).sum() / mask.sum().clamp(min=1.0))
+        else:
+            feat_losses.append(p.new_zeros(()))
         if cfg.loss == "eal":
             a = eal_acceptance(log_q if cfg.temp == 1.0 else _logprobs(z, 1.0), cols, mask)
         else:
@@ -178,11 +183,17 @@ class TorchStepper:
 
     def _ready(self) -> None:
         if self.twin is None:
-            self.twin = EagleHead.from_mlx(self.head, self.target).float().requires_grad_(True)
+            twin = Eagle3Head if isinstance(self.head, MlxEagle3Head) else EagleHead
+            self.twin = twin.from_mlx(self.head, self.target).float().requires_grad_(True)
             self.opt = torch.optim.AdamW(list(self.twin.parameters()), lr=self.cfg.lr, weight_decay=0.0)
 
     def step(self, batch: dict[str, mx.array], lam: float) -> tuple[float, float, float, float, float]:
         self._ready()
+        governor = getattr(self.target, "threads", None)  # the target's thread governor, when it has one
+        if governor is not None:
+            # torch's threads wait for each other at every op: a second thread on a core another
+            # process holds made steps ~5x slower here (two trainings side by side)
+            governor.tick()
         for g in self.opt.param_groups:  # MLX's schedule, read at MLX's update count
             g["lr"] = float(self.schedule(mx.array(self.updates)).item())
         b = to_torch_batch({k: v for k, v in batch.items() if k != "teacher_rows"}, self.device)
