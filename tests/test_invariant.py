@@ -122,6 +122,16 @@ def test_chunked_attention_is_attention_with_masks():
     assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
 
 
+def test_chunked_attention_takes_a_mask_per_row():
+    """Batched generation's left padding: a (B, 1, L, S) mask, each row its own."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, h, n, 16, generator=g) for h, n in ((6, 4), (2, 40), (2, 40)))
+    mask = torch.rand(3, 1, 4, 40, generator=g) < 0.7
+    mask[..., 0] = True
+    want = invariant.sdpa(q, k, v, mask, 0.25)
+    assert torch.allclose(invariant.chunked_attention(q, k, v, mask, 0.25), want, atol=1e-6, rtol=1e-5)
+
+
 def test_a_weight_changed_in_place_is_packed_again():
     model = torch_twin()
     invariant.make_batch_invariant(model)

@@ -163,12 +163,16 @@ def mlx_greedy(m: Llama, prompt: list[int], n: int, stop: set[int]) -> list[int]
     return out
 
 
-def test_batched_greedy_is_each_prompts_own_decoding():
+@pytest.mark.parametrize("invariant", [False, True])
+def test_batched_greedy_is_each_prompts_own_decoding(invariant):
     """Left padding and masked pad keys: every row of a batch of mixed lengths decodes as MLX
-    decodes it alone, and stops before its stop token."""
+    decodes it alone, and stops before its stop token; also on the batch-invariant kernels a
+    loaded target runs on (``--target-written``'s answers are generated so)."""
     from mlxspec.torchpath.generate import generate
+    from mlxspec.torchpath.invariant import make_batch_invariant
 
     m, t = twins(4)
+    assert not invariant or make_batch_invariant(t)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(1, BASE["vocab_size"], n).tolist() for n in (1, 9, 4, 23)]
     free = generate(t, prompts, 12, 0.0, 0, stop=[])

@@ -46,6 +46,12 @@ def test_the_options_record_has_one_field_per_flag_and_spells_the_recipe():
         "mlxspec train-draft --arch eagle --loss eal --window 3 --temp 1 --steps 2000 --batch 8 --context 160 "
         "--lr 0.0003 --feature-weight 0.5 --head-vocab 8192 --examples-per-category 300 --target-written 3300 "
         "--backend torch --seed 0 --out mlxspec/models/smollm2-135m-eagle")
+    eagle3 = TrainOptions(out=Path("h"), arch="eagle3", loss="eal", window=3, steps=2000, context=160,
+                          aux_layers="2,15,27,30", zero_layers="30", backend="torch").resolved()
+    assert recipe(eagle3) == (
+        "mlxspec train-draft --arch eagle3 --loss eal --window 3 --temp 1 --steps 2000 --batch 8 --context 160 "
+        "--lr 0.0003 --head-vocab 8192 --examples-per-category 300 --aux-layers 2,15,27,30 --zero-layers 30 "
+        "--backend torch --seed 0 --out h")
     quick = TrainOptions(out=Path("d"), quick=True, grpo=True).resolved()  # --quick spelled out
     assert recipe(quick) == (
         "mlxspec train-draft --loss wtv --grpo --grpo-steps 4 --grpo-group 4 --layers 1 --head-vocab 1024 --init target "

@@ -129,8 +129,8 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
                       scale: float) -> torch.Tensor:
     """softmax(q k^T * scale, masked) v in which no reduction's bits depend on how many
     queries the pass holds. q (B, H, L, D); k, v (B, Hkv, S, D), H a multiple of Hkv (the
-    query heads of one key head consecutive, as ``enable_gqa`` reads them); ``mask`` (L, S)
-    boolean, True where attended, or None (every key).
+    query heads of one key head consecutive, as ``enable_gqa`` reads them); ``mask`` (L, S) or
+    per row (B, 1, L, S), boolean, True where attended, or None (every key).
 
     The keys are padded with masked ones to a multiple of ``KEY_BLOCK`` (a multiple of
     ``LANES``: the exponentials run on torch's vector path only); the mask is an additive bias
@@ -175,9 +175,10 @@ def _mask_bias(mask: torch.Tensor | None, B: int, hkv: int, group: int, L: int, 
     if entry is not None and entry[0][0] is mask and entry[0][1:] == key[1:]:
         return entry[1]
     keep = torch.ones(L, S, dtype=torch.bool, device=like.device) if mask is None else mask
-    bias = torch.zeros(L, width, dtype=like.dtype, device=like.device)
+    keep = keep.reshape(-1, L, S)  # (1 or B, L, S): one mask for the pass, or one per row (left padding)
+    bias = torch.zeros(keep.shape[0], L, width, dtype=like.dtype, device=like.device)
     bias.masked_fill_(~F.pad(keep, (0, width - S)), float("-inf"))
-    bias = _batched(bias.expand(B * hkv, group, L, width).reshape(B * hkv, group * L, width))
+    bias = _batched(bias[:, None, None].expand(B, hkv, group, L, width).reshape(B * hkv, group * L, width))
     _last_bias[0] = (key, bias)
     return bias
 

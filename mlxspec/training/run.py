@@ -143,7 +143,8 @@ RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
     "eagle3": (("arch", ALWAYS), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS),
                ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("head_vocab", ALWAYS),
                ("examples_per_category", ALWAYS), ("max_examples", CHANGED), ("target_written", CHANGED),
-               ("aux_layers", CHANGED), ("zero_layers", CHANGED), ("seed", ALWAYS), ("out", ALWAYS)),
+               ("aux_layers", CHANGED), ("zero_layers", CHANGED), ("backend", CHANGED), ("seed", ALWAYS),
+               ("out", ALWAYS)),
 }
 
 
