@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny import VOCAB, StopTraining, stop_after, tiny_target
+from tiny import VOCAB, StopTraining, assert_torch_objectives_equal_mlx, stop_after, tiny_target
 
 from mlxspec.core.drafters import Commit
 from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
@@ -200,9 +200,6 @@ def torch_twin_target(target):
 def test_torch_objectives_and_gradients_equal_mlx(target, loss, lam, temp):
     """The torch trainer optimises the same function: every objective and every parameter's
     gradient equal MLX's on the same batch, for each loss, blend weight and temperature."""
-    import mlx.nn as nn
-
-    from mlxspec.training import torch_train as te
     from mlxspec.torchpath.model import EagleHead as TorchHead
 
     torch, tt = torch_twin_target(target)
@@ -213,22 +210,7 @@ def test_torch_objectives_and_gradients_equal_mlx(target, loss, lam, temp):
     batch = make_batch(tiny_features(target), np.arange(4), 20, np.random.default_rng(2), col_of)
     batch["teacher_rows"] = rows
     cfg = EagleTrainConfig(loss=loss, k=3, temp=temp, batch=4, context=20)
-    ours, grads = nn.value_and_grad(head, lambda b: objectives(head, b, cfg, lam))(batch)
-    twin = TorchHead.from_mlx(head, tt).float().requires_grad_(True)
-    theirs = te.objectives(twin, te.to_torch_batch(batch, tt.device), cfg, lam)
-    for a, b in zip(ours, theirs):
-        assert b.item() == pytest.approx(a.item(), rel=1e-4, abs=1e-6)
-    theirs[0].backward()
-    flat_grads = dict(_flat_tree(grads))
-    for name, p in twin.named_parameters():
-        g = np.array(flat_grads[name])
-        np.testing.assert_allclose(p.grad.numpy(), g, rtol=2e-3, atol=2e-5 * max(np.abs(g).max(), 1e-3), err_msg=name)
-
-
-def _flat_tree(tree):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(tree)
+    assert_torch_objectives_equal_mlx(head, TorchHead.from_mlx(head, tt).float().requires_grad_(True), batch, cfg, lam)
 
 
 def test_torch_training_improves_its_objective_and_resumes_exactly(target, tmp_path):

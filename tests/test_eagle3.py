@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from exact import EXACT_TV, EXACT_VOCAB, PROMPT, engine_distribution, exact_eagle3_head, exact_joint, exact_llama, tv
-from tiny import StopTraining, stop_after
+from tiny import StopTraining, assert_torch_objectives_equal_mlx, stop_after
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx.utils import tree_flatten
@@ -497,6 +497,26 @@ def test_training_unroll_matches_what_drafting_computes(target):
             pred, _ = head(pred[:, -1:], mx.array([[seq[slot + 2]]]), cache)
 
 
+TRAINING = EagleTrainConfig(loss="eal", steps=6, batch=4, context=20, k=3, lr=3e-3, warmup=1, checkpoint_every=3,
+                            feature_weight=0.0)
+
+
+def fixed_chain(data: FeatureSet, rows: mx.array):
+    """The expected 3-chain of a head over one fixed batch of ``data`` (``rows``: the
+    teacher's output rows for ``DRAFT_IDS``), to compare a head before and after training."""
+    col_of = np.full(VOCAB, -1, np.int32)
+    col_of[np.array(DRAFT_IDS)] = np.arange(len(DRAFT_IDS))
+    batch = make_batch(data, np.arange(8), 20, np.random.default_rng(1), col_of)
+    batch["teacher_rows"] = rows
+
+    def chain(head) -> float:
+        _, _, feat, _, c = objectives(head, batch, TRAINING, 0.0)
+        assert feat.item() == 0.0  # no feature regression for an EAGLE-3 head
+        return c.item()
+
+    return chain
+
+
 def test_training_improves_the_chain_and_resumes_exactly(tmp_path):
     from mlxspec.training.eagle3 import new_head
 
@@ -504,18 +524,8 @@ def test_training_improves_the_chain_and_resumes_exactly(tmp_path):
     data = tapped_features(target, default_aux_layers(LAYERS))
     ids = mx.array(DRAFT_IDS)
     rows = target.model.lm_head.weight[ids]
-    cfg = EagleTrainConfig(loss="eal", steps=6, batch=4, context=20, k=3, lr=3e-3, warmup=1, checkpoint_every=3,
-                           feature_weight=0.0)
-    col_of = np.full(VOCAB, -1, np.int32)
-    col_of[np.array(ids)] = np.arange(len(DRAFT_IDS))
-
-    def chain(head) -> float:
-        b = make_batch(data, np.arange(8), 20, np.random.default_rng(1), col_of)
-        b["teacher_rows"] = rows
-        _, _, feat, _, c = objectives(head, b, cfg, 0.0)
-        assert feat.item() == 0.0  # no feature regression for an EAGLE-3 head
-        return c.item()
-
+    cfg = TRAINING
+    chain = fixed_chain(data, rows)
     whole = new_head(target, ids)
     before = chain(whole)
     train_head(whole, data, rows, cfg, tmp_path / "whole")
@@ -600,11 +610,8 @@ def test_torch_objectives_and_gradients_equal_mlx(target):
     """--backend torch trains an EAGLE-3 head on the same function: objectives and every
     parameter's gradient equal MLX's on one batch (the first step reads three taps, the next
     ones the head's own outputs; no feature regression)."""
-    import mlx.nn as nn
-
     from mlxspec.torchpath.model import Eagle3Head as TorchHead
     from mlxspec.torchpath.model import Llama as TorchLlama
-    from mlxspec.training import torch_train as te
 
     head = random_head(target, seed=4)
     data = tapped_features(target, head.wants_hidden)
@@ -613,16 +620,8 @@ def test_torch_objectives_and_gradients_equal_mlx(target):
     batch = make_batch(data, np.arange(4), 20, np.random.default_rng(2), col_of)
     batch["teacher_rows"] = target.model.lm_head.weight[head.vocab_ids]
     cfg = EagleTrainConfig(loss="eal", k=3, temp=1.0, batch=4, context=20, feature_weight=0.0)
-    ours, grads = nn.value_and_grad(head, lambda b: objectives(head, b, cfg, 0.3))(batch)
     twin = TorchHead.from_mlx(head, TorchLlama.from_mlx(target.model)).float().requires_grad_(True)
-    theirs = te.objectives(twin, te.to_torch_batch(batch, torch.device("cpu")), cfg, 0.3)
-    for a, b in zip(ours, theirs):
-        assert b.item() == pytest.approx(a.item(), rel=1e-4, abs=1e-6)
-    theirs[0].backward()
-    flat_grads = dict(tree_flatten(grads))
-    for name, p in twin.named_parameters():
-        g = np.array(flat_grads[name])
-        np.testing.assert_allclose(p.grad.numpy(), g, rtol=2e-3, atol=2e-5 * max(np.abs(g).max(), 1e-3), err_msg=name)
+    assert_torch_objectives_equal_mlx(head, twin, batch, cfg, 0.3)
 
 
 def test_torch_training_improves_the_chain_governs_threads_and_saves_what_it_trained(tmp_path):
@@ -635,19 +634,14 @@ def test_torch_training_improves_the_chain_governs_threads_and_saves_what_it_tra
     data = tapped_features(SimpleNamespace(model=twin), default_aux_layers(LAYERS))  # built on torch too
     ids = mx.array(DRAFT_IDS)
     rows = target.model.lm_head.weight[ids]
-    cfg = EagleTrainConfig(loss="eal", steps=6, batch=4, context=20, k=3, lr=3e-3, warmup=1, checkpoint_every=3,
-                           feature_weight=0.0)
-    col_of = np.full(VOCAB, -1, np.int32)
-    col_of[np.array(ids)] = np.arange(len(DRAFT_IDS))
-    fixed = make_batch(data, np.arange(8), 20, np.random.default_rng(1), col_of)
-    fixed["teacher_rows"] = rows
+    chain = fixed_chain(data, rows)
     head = new_head(target, ids)
-    before = objectives(head, fixed, cfg, 0.0)[4].item()
+    before = chain(head)
     twin.threads = SimpleNamespace(ticks=0)
     twin.threads.tick = lambda: setattr(twin.threads, "ticks", twin.threads.ticks + 1)
-    train_head(head, data, rows, cfg, tmp_path / "t", stepper=TorchStepper(head, cfg, twin))
-    assert objectives(head, fixed, cfg, 0.0)[4].item() > before
-    assert twin.threads.ticks == cfg.steps  # each step sizes torch's threads to the cores left free
+    train_head(head, data, rows, TRAINING, tmp_path / "t", stepper=TorchStepper(head, TRAINING, twin))
+    assert chain(head) > before
+    assert twin.threads.ticks == TRAINING.steps  # each step sizes torch's threads to the cores left free
     saved = load_eagle3(tmp_path / "t" / "checkpoint", target)
     for (k, a), (_, b) in zip(tree_flatten(head.parameters()), tree_flatten(saved.parameters())):
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)

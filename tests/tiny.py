@@ -132,3 +132,25 @@ def stop_after(n: int):
             raise StopTraining
 
     return on_step
+
+
+def assert_torch_objectives_equal_mlx(head, twin, batch: dict, cfg, lam: float) -> None:
+    """The torch trainer optimises the MLX trainer's function: on ``batch``, every objective
+    of ``training.torch_train.objectives`` (for ``twin``, ``head``'s torch twin in float32)
+    and every parameter's gradient equal ``training.eagle_train.objectives``' for ``head``."""
+    import mlx.nn as nn
+    import torch
+    from mlx.utils import tree_flatten
+
+    from mlxspec.training import torch_train
+    from mlxspec.training.eagle_train import objectives
+
+    ours, grads = nn.value_and_grad(head, lambda b: objectives(head, b, cfg, lam))(batch)
+    theirs = torch_train.objectives(twin, torch_train.to_torch_batch(batch, torch.device("cpu")), cfg, lam)
+    for a, b in zip(ours, theirs):
+        assert abs(b.item() - a.item()) <= max(1e-4 * abs(a.item()), 1e-6), (a.item(), b.item())
+    theirs[0].backward()
+    flat_grads = dict(tree_flatten(grads))
+    for name, p in twin.named_parameters():
+        g = np.array(flat_grads[name])
+        np.testing.assert_allclose(p.grad.numpy(), g, rtol=2e-3, atol=2e-5 * max(np.abs(g).max(), 1e-3), err_msg=name)
