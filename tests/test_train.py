@@ -201,3 +201,18 @@ def test_cli_refuses_bad_training_input(tmp_path):
                       (["--prompts", "1", "--max-new-tokens", "2", "--head-vocab", "512"], "at least 64 positions")):
         r = CliRunner().invoke(app, ["train-draft", "--out", str(tmp_path / "o"), *args])
         assert r.exit_code == 2 and msg in r.output, r.output
+
+
+def test_data_stages_log_a_line_now_and_then_and_at_their_end():
+    from mlxspec.training.run import data_progress
+
+    reports = []
+    quiet = data_progress(reports.append, every_s=3600)
+    for i in (64, 128, 192):
+        quiet("features", i, 192)
+    assert [r.log for r in reports] == [None, None, reports[-1].log] and reports[-1].log.startswith("features 192/192 ")
+    assert [(r.stage, r.done, r.total) for r in reports] == [("features", i, 192) for i in (64, 128, 192)]
+    reports.clear()
+    chatty = data_progress(reports.append, every_s=0)
+    chatty("target answers", 128, 3300)
+    assert reports[0].log.startswith("target answers 128/3300 ")

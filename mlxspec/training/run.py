@@ -200,6 +200,23 @@ def _check_out_folder(out: Path) -> None:
         raise MlxspecError(f"--out {out} is a file; give a folder")
 
 
+def data_progress(report: Progress, every_s: float = 30.0) -> Callable[[str, int, int], None]:
+    """A data stage's ``progress(stage, done, total)`` as Reports, with a log line at most every
+    ``every_s`` seconds and at a stage's end: building features or the target's answers can take
+    an hour, and a log would otherwise show nothing of it."""
+    t0 = last = time.perf_counter()
+
+    def progress(stage: str, done: int, total: int) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        log = None
+        if done >= total or now - last >= every_s:
+            log, last = f"{stage} {done}/{total} {now - t0:.0f}s", now
+        report(Report(stage, done, total, log))
+
+    return progress
+
+
 def _every_10(step: int, total: int) -> bool:
     return step % 10 == 0 or step == total
 
@@ -217,7 +234,7 @@ def _train_draft(opts: TrainOptions, report: Progress) -> TrainResult:
                                   hidden_size=opts.hidden, head_vocab=opts.head_vocab, init=opts.init)
     report(Report("data"))
     data, data_path = tr.prepare_data(target, opts.data, opts.prompts, opts.max_new_tokens, opts.head_vocab, opts.seed,
-                                      progress=lambda stage, i, n: report(Report(stage, i, n)))
+                                      progress=data_progress(report))
     if len(data.vocab_ids) != dcfg.head_vocab:
         raise MlxspecError(f"{data_path} has a {len(data.vocab_ids)}-token head vocabulary, not {dcfg.head_vocab}")
     mx.random.seed(opts.seed)
@@ -269,7 +286,7 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     report(Report("features"))
     data = et.prepare_features(teacher, opts.examples_per_category, opts.max_examples, cfg.seed,
                                128 if opts.quick else 256, opts.target_written,
-                               progress=lambda stage, i, n: report(Report(stage, i, n)), taps=taps)
+                               progress=data_progress(report), taps=taps)
     e3.zero_taps(data, taps, zero)
     vocab = et.head_vocabulary(data, opts.head_vocab, target)
     head = (e3.new_head(target, vocab, seed=cfg.seed, aux_layers=taps, zero_layers=zero) if taps
