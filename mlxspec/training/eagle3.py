@@ -95,13 +95,12 @@ def without_taps(head: Eagle3Head, zero: tuple[int, ...], target) -> Eagle3Head:
     if not zero or len(keep) < 2:
         return head
     width = head.cfg.target_hidden
-    w = head.fc.weight
-    dropped = mx.concatenate([w[:, i * width : (i + 1) * width] for i in range(len(taps)) if i not in keep], axis=1)
-    if mx.any(dropped != 0).item():
+    columns = [head.fc.weight[:, i * width : (i + 1) * width] for i in range(len(taps))]  # fc's block per tap
+    if any(mx.any(c != 0).item() for i, c in enumerate(columns) if i not in keep):
         raise MlxspecError(f"the fc columns of taps {list(zero)} are not zero: the head reads them")
     out = Eagle3Head(replace(head.cfg, aux_layers=tuple(taps[i] for i in keep)), head.vocab_ids,
                      target.model.model.embed_tokens)
-    fc = mx.concatenate([w[:, i * width : (i + 1) * width] for i in keep], axis=1)
+    fc = mx.concatenate([columns[i] for i in keep], axis=1)
     out.load_weights([(k, v) for k, v in tree_flatten(head.parameters()) if k != "fc.weight"] + [("fc.weight", fc)])
     mx.eval(out.parameters())
     return out

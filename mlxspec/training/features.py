@@ -134,15 +134,16 @@ def _tapped_pass(model, batch: np.ndarray, seqs: Sequence[list[int]], taps: tupl
     whose final norm is the feature the teacher's rows score (no second pass)."""
     last = model.cfg.num_layers
     every = tuple(sorted(set(taps) | {last}))
+    pick = tuple(every.index(t) for t in sorted(taps))  # where each tap sits among ``every``
     if ops_for(model).name == "torch":
         from mlxspec.torchpath.model import tapped_teacher_outputs  # imports torch, an optional extra
 
-        h, aux, lse, am = tapped_teacher_outputs(model, batch, every, tuple(every.index(t) for t in sorted(taps)))
+        h, aux, lse, am = tapped_teacher_outputs(model, batch, every, pick)
     else:
         logits, tapped = model(mx.array(batch), None, return_hidden=every)
         parts = mx.split(tapped, len(every), axis=-1)
         h16 = model.model.norm(parts[-1]).astype(mx.float16)
-        aux16 = mx.concatenate([parts[every.index(t)] for t in sorted(taps)], axis=-1).astype(mx.float16)
+        aux16 = mx.concatenate([parts[i] for i in pick], axis=-1).astype(mx.float16)
         lse, am = mx.logsumexp(logits, axis=-1), mx.argmax(logits, axis=-1)
         mx.eval(lse, am, h16, aux16)
         h, aux, lse, am = np.array(h16), np.array(aux16), np.array(lse), np.array(am).astype(np.int32)
