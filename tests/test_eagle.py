@@ -5,6 +5,7 @@ objective, save/load and its bad inputs."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -27,6 +28,7 @@ from mlxspec.training.eagle_train import (
     chain_expected_length,
     make_batch,
     objectives,
+    time_spent,
     train_head,
     unroll,
 )
@@ -183,6 +185,10 @@ def test_resume_is_exact(target, tmp_path):
     assert [h.step for h in history] == [1, 2, 3, 4, 5, 6]
     for (k, a), (_, b) in zip(_flat(whole), _flat(resumed)):
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=k)
+    # The card's time counts the steps run before the interruption too, not only the last run's.
+    assert all(h.seconds > 0 for h in history)
+    minute = [replace(h, seconds=60.0) for h in history]
+    assert time_spent(minute, 30.0) == "6.0 min of training steps in all, 0.5 min for the last run with its data"
 
 
 # ----------------------------------------------------------------------------- training on torch

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 from mlxspec.core.drafters.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.folders import CARD_LICENCE
-from mlxspec.training.eagle_train import EagleStepLog, EagleTrainConfig
+from mlxspec.training.eagle_train import EagleStepLog, EagleTrainConfig, time_spent
 from mlxspec.training.features import FeatureSet
 
 
@@ -130,7 +130,7 @@ Reproduce: `{recipe}`
 
 Training: loss `{cfg.loss}` over {cfg.k} unrolled draft steps (the head reads its own outputs from
 step 2 on, as when drafting), {cfg.steps} steps of {cfg.batch} x {cfg.context} slots,
-{seconds / 60:.1f} min in all here. Last {len(last)} steps: first-draft acceptance
+{time_spent(history, seconds)}. Last {len(last)} steps: first-draft acceptance
 {mean('accept_1'):.2f}, expected accepted drafts of the {cfg.k}-chain {mean('chain'):.2f}
 (teacher-forced, training batches).
 

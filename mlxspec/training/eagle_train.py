@@ -83,6 +83,7 @@ class EagleStepLog:
     chain: float  # expected accepted drafts of the K-step chain
     kl_weight: float
     positions_per_s: float
+    seconds: float = 0.0  # the step's wall time; summed, a resumed run's card counts every invocation
 
 
 def unroll_mask(length: int, step: int) -> mx.array:
@@ -303,8 +304,8 @@ def train_head(head: EagleHead, data: FeatureSet, teacher_rows: mx.array, cfg: E
         loss, kl, feat, first, chain = stepper.step(batch, lam)
         if not math.isfinite(loss):
             raise MlxspecError(f"loss is {loss} at step {step}: stopping (try a lower --lr)")
-        log = EagleStepLog(step + 1, loss, kl, feat, first, chain, lam,
-                           float(batch["mask"].sum().item()) / (time.perf_counter() - t0))
+        took = time.perf_counter() - t0
+        log = EagleStepLog(step + 1, loss, kl, feat, first, chain, lam, float(batch["mask"].sum().item()) / took, took)
         history.append(log)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             _save_checkpoint(out, head, stepper, step + 1, cfg, history)
@@ -364,6 +365,13 @@ def head_vocabulary(data: FeatureSet, size: int, target) -> mx.array:
     return mx.array(choose_vocab(seqs, size, target.config.vocab_size, list(target.tokenizer.eos_token_ids)))
 
 
+def time_spent(history: list[EagleStepLog], seconds: float) -> str:
+    """A card's time line: the steps' time over every resumed invocation, and the last
+    invocation's whole time (its data stages too)."""
+    return (f"{sum(h.seconds for h in history) / 60:.1f} min of training steps in all, "
+            f"{seconds / 60:.1f} min for the last run with its data")
+
+
 def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, head: EagleHead,
                history: list[EagleStepLog], seconds: float) -> str:
     params = sum(v.size for _, v in tree_flatten(head.parameters()))
@@ -381,7 +389,7 @@ Reproduce: `{recipe}`
 
 Training: loss `{cfg.loss}` over {cfg.k} unrolled draft steps (the head reads its own predicted
 features from step 2 on, as when drafting), feature regression weight {cfg.feature_weight},
-{cfg.steps} steps of {cfg.batch} x {cfg.context} slots, {seconds / 60:.1f} min in all here.
+{cfg.steps} steps of {cfg.batch} x {cfg.context} slots, {time_spent(history, seconds)}.
 Last {len(last)} steps: first-draft acceptance {mean('accept_1'):.2f}, expected accepted drafts
 of the {cfg.k}-chain {mean('chain'):.2f} (teacher-forced, training batches).
 
