@@ -461,6 +461,7 @@ def train_draft(
     device: Optional[str] = DeviceOpt,
     aux_layers: Optional[str] = typer.Option(None, "--aux-layers", help="eagle3: the target blocks whose input the head reads, comma-separated (its config's eagle_aux_hidden_state_layer_ids; L, the layer count, is the last block's output); default 2, L/2, L-3, as vLLM and SGLang tap."),
     zero_layers: Optional[str] = typer.Option(None, "--zero-layers", help="eagle3, for ablations: of --aux-layers, those the head is trained without (their states zeroed, their fc columns kept at zero), e.g. --aux-layers 2,15,27,30 --zero-layers 2,15,27 reads the last layer only, from the same cached features as --zero-layers 30. Where two or more taps are left, the head is written with those taps alone (the same function: the dropped fc columns are zero)."),
+    share_embeddings: bool = typer.Option(False, "--share-embeddings", help="eagle3: write the head without the target's embedding table (mlxspec, vLLM and SGLang then take the target's own); a head shipped in a wheel stays small. By default the table is stored, as published heads do."),
 ) -> None:
     """Train a draft for the target with an acceptance-aware loss. --arch draft: self-distillation,
     the target continues prompts from ../shared/data (Spec-Bench questions removed) and its

@@ -575,7 +575,8 @@ def test_train_draft_checks_aux_and_zero_layers():
     for flags, match in ((dict(arch="eagle", aux_layers="2,4"), "--aux-layers and --zero-layers choose"),
                          (dict(arch="eagle3", zero_layers="2"), "each must be one of --aux-layers"),
                          (dict(arch="eagle3", aux_layers="2,4", zero_layers="3"), "each must be one of --aux-layers"),
-                         (dict(arch="eagle3", aux_layers="2,x"), "expected comma-separated block indices")):
+                         (dict(arch="eagle3", aux_layers="2,x"), "expected comma-separated block indices"),
+                         (dict(arch="eagle", share_embeddings=True), "--share-embeddings is for --arch eagle3")):
         with pytest.raises(MlxspecError, match=match):
             TrainOptions(out=Path("x"), **flags).resolved()
     assert TrainOptions(out=Path("x"), arch="eagle3", aux_layers="2,4,8", zero_layers="2,4").resolved().taps() == \
@@ -672,20 +673,24 @@ def test_a_head_trained_without_some_taps_is_written_without_them(target):
 def test_quick_eagle3_training_writes_the_published_format_and_drafts_exactly(tmp_path, lm, backend):
     """`train-draft --arch eagle3 --quick` on the real target end to end, on either backend: the
     folder is the published layout, loads as --draft, and greedy speculation with it is the
-    target's own."""
+    target's own. The torch run also leaves the embedding table out (--share-embeddings), as the
+    shipped head does."""
     from typer.testing import CliRunner
 
     from mlxspec.cli import app
     from mlxspec.targets.tokenizer import encode_prompt
 
-    out = tmp_path / "e3"
+    out, shared = tmp_path / "e3", backend == "torch"
     r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle3", "--quick", "--backend", backend, "--out", str(out),
-                                 "--json"])
+                                 "--json"] + ["--share-embeddings"] * shared)
     assert r.exit_code == 0, r.output
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
-    assert "Reproduce: `mlxspec train-draft --arch eagle3" in (out / "README.md").read_text()
+    assert ("embed_tokens.weight" in mx.load(str(out / "model.safetensors"))) is not shared
+    card = (out / "README.md").read_text()
+    assert "Reproduce: `mlxspec train-draft --arch eagle3" in card
+    assert ("--share-embeddings" in card and "stores no embedding table" in card) is shared
     ids = encode_prompt(lm.tokenizer, "Name three rivers in Europe.")
     stop = set(lm.tokenizer.eos_token_ids)
     want = emitted(generate(lm.model, ids, GREEDY, 24, stop, lm.context_length))
@@ -713,6 +718,22 @@ def test_a_hub_id_in_the_hub_cache_is_found_offline(target, tmp_path, monkeypatc
     assert isinstance(drafter.head, Eagle3Head) and drafter.head.vocab_ids.tolist() == DRAFT_IDS
     with pytest.raises(MlxspecError, match="unknown drafter 'someone/not-cached'"):
         make_drafter("someone/not-cached", target)
+
+
+def test_a_shipped_eagle3_head_is_found_by_its_registry_name(target, tmp_path, monkeypatch):
+    import json
+
+    from mlxspec.targets import store
+
+    save_eagle3(random_head(target), tmp_path / "tiny-eagle3", dtype="float32")
+    entry = {"target": "tiny", "folder": "tiny-eagle3", "description": "a test head"}
+    registry = {"models": {}, "drafts": {"tiny-eagle3": entry}}
+    (tmp_path / "registry.json").write_text(json.dumps(registry))
+    monkeypatch.setattr(store, "REGISTRY_PATH", tmp_path / "registry.json")
+    drafter = make_drafter("tiny-eagle3", target)
+    assert isinstance(drafter.head, Eagle3Head) and drafter.head.vocab_ids.tolist() == DRAFT_IDS
+    [listed] = store.drafts()
+    assert listed["present"] and listed["size"] == (tmp_path / "tiny-eagle3" / "model.safetensors").stat().st_size
 
 
 def test_export_draft_says_an_eagle3_head_needs_no_conversion(target, tmp_path, monkeypatch):

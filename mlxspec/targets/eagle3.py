@@ -53,9 +53,9 @@ def is_eagle3(meta: dict[str, Any]) -> bool:
 
 
 def find_eagle3(spec: str) -> Path | None:
-    """The folder of an EAGLE-3 head: a path, or a hub id already in huggingface-hub's cache
-    (never downloaded here); None when ``spec`` names none."""
-    path = Path(spec).expanduser()
+    """The folder of an EAGLE-3 head: a registry draft name, a path, or a hub id already in
+    huggingface-hub's cache (never downloaded here); None when ``spec`` names none."""
+    path = store.draft_path(spec) or Path(spec).expanduser()
     if not path.is_dir() and store.is_hub_id(spec):
         path = store.hub_snapshot(spec) or path
     if not (path / "config.json").is_file():

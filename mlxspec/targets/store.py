@@ -92,9 +92,9 @@ def drafts() -> list[dict]:
     out = []
     for name, d in _registry().get("drafts", {}).items():
         folder = REGISTRY_PATH.parent / d["folder"]
-        # a trained draft's weights or an eagle head's, whichever kind the folder holds
-        weights = next((w for w in (folder / "draft.safetensors", folder / "head.safetensors") if w.is_file()),
-                       folder / "draft.safetensors")
+        # a trained draft's weights, an eagle head's or an EAGLE-3 head's, whichever the folder holds
+        kinds = ("draft.safetensors", "head.safetensors", "model.safetensors")
+        weights = next((folder / w for w in kinds if (folder / w).is_file()), folder / kinds[0])
         present = weights.is_file()
         out.append({"name": name, "target": d["target"], "path": str(folder), "description": d["description"],
                     "present": present, "size": weights.stat().st_size if present else 0})

@@ -107,13 +107,19 @@ def without_taps(head: Eagle3Head, zero: tuple[int, ...], target) -> Eagle3Head:
 
 
 def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, head: Eagle3Head,
-               history: list[EagleStepLog], seconds: float, zero_layers: tuple[int, ...] = ()) -> str:
+               history: list[EagleStepLog], seconds: float, zero_layers: tuple[int, ...] = (),
+               table_stored: bool = True) -> str:
     c = head.cfg
-    written = ("; it is written without them, which leaves the same function" if zero_layers and
-               not set(zero_layers) & set(c.aux_layers) else "")
-    ablation = (f"\n\nTrained with the states of blocks {list(zero_layers)} zeroed and their `fc` columns held at zero "
-                f"(an ablation): the head reads only the other blocks{written}." if zero_layers else "")
+    if zero_layers and not set(zero_layers) & set(c.aux_layers):  # a shared cache's extra taps, dropped on save
+        ablation = (f"\n\nTrained from a feature cache that also holds the states entering blocks {list(zero_layers)}, "
+                    "shared with other runs: those states were zeroed and their `fc` columns held at zero, so the "
+                    "head never read them and is written without them.")
+    else:
+        ablation = (f"\n\nTrained with the states of blocks {list(zero_layers)} zeroed and their `fc` columns held "
+                    "at zero (an ablation): the head reads only the other blocks." if zero_layers else "")
     params = sum(v.size for k, v in tree_flatten(head.parameters()))
+    table = ("the folder also carries the target's embedding table, as published heads do." if table_stored else
+             "it stores no embedding table: mlxspec, vLLM and SGLang take the target's own at load time.")
     last = history[-min(len(history), 20):]
     mean = lambda a: sum(getattr(h, a) for h in last) / max(len(last), 1)  # noqa: E731
     cats = "\n".join(f"| {k} | {n:,} |" for k, n in data.tokens_per_category().items())
@@ -124,7 +130,7 @@ An EAGLE-3 draft head for `{data.meta.get('target', '?')}`, in the published EAG
 states entering target blocks {list(c.aux_layers)}, one decoder layer reads [embedding; feature],
 and `lm_head` scores the {c.draft_vocab} tokens the target emits most in the training data
 (`d2t` maps them to target ids; q = 0 elsewhere, so verification stays exact). {params / 1e6:.1f}M
-parameters of its own; the folder also carries the target's embedding table, as published heads do.{ablation}
+parameters of its own; {table}{ablation}
 
 Reproduce: `{recipe}`
 

@@ -76,6 +76,7 @@ class TrainOptions:
     # --arch eagle3
     aux_layers: str | None = None  # comma-separated block indices; None: 2, L/2, L-3
     zero_layers: str | None = None  # of aux_layers, those the head is trained without (ablations)
+    share_embeddings: bool = False  # write no embedding table: loaders take the target's
 
     def taps(self) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
         """(--aux-layers, --zero-layers) as block indices; None: the default taps."""
@@ -94,6 +95,9 @@ class TrainOptions:
         o = replace(self, lr=self.lr or DEFAULT_LR)
         if o.arch != "eagle3" and (o.aux_layers is not None or o.zero_layers is not None):
             raise MlxspecError("--aux-layers and --zero-layers choose the target layers an --arch eagle3 head reads")
+        if o.arch != "eagle3" and o.share_embeddings:
+            raise MlxspecError("--share-embeddings is for --arch eagle3: the other heads and drafts never store the "
+                               "target's embedding table")
         aux, zero = o.taps()
         if zero and not set(zero) <= set(aux or ()):
             raise MlxspecError(f"--zero-layers {o.zero_layers}: each must be one of --aux-layers (given explicitly)")
@@ -143,8 +147,8 @@ RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
     "eagle3": (("arch", ALWAYS), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS),
                ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("head_vocab", ALWAYS),
                ("examples_per_category", ALWAYS), ("max_examples", CHANGED), ("target_written", CHANGED),
-               ("aux_layers", CHANGED), ("zero_layers", CHANGED), ("backend", CHANGED), ("seed", ALWAYS),
-               ("out", ALWAYS)),
+               ("aux_layers", CHANGED), ("zero_layers", CHANGED), ("share_embeddings", CHANGED), ("backend", CHANGED),
+               ("seed", ALWAYS), ("out", ALWAYS)),
 }
 
 
@@ -312,11 +316,12 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     command = recipe(opts)
     if taps:
         head = e3.without_taps(head, zero, target)
-        save_eagle3(head, opts.out, embed_table=params["model.embed_tokens.weight"],
+        table = None if opts.share_embeddings else params["model.embed_tokens.weight"]
+        save_eagle3(head, opts.out, embed_table=table,
                     extra={"mlxspec": {"target": target.name, "recipe": command,
                                        "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}})
         (opts.out / "README.md").write_text(e3.model_card(opts.out.name, command, data, cfg, head, history, seconds,
-                                                             zero))
+                                                             zero, table is not None))
     else:
         save_head(head, opts.out, card=et.model_card(opts.out.name, command, data, cfg, head, history, seconds),
                   extra={"target": target.name, "recipe": command})
