@@ -221,13 +221,14 @@ def test_a_cascade_spec_names_its_parts(target):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("backend", ["mlx", "torch:cpu"])
-def test_greedy_with_the_shipped_head_on_the_real_model_is_target_only(backend):
+@pytest.mark.parametrize("backend, head", [("mlx", "smollm2-135m-eagle"), ("torch:cpu", "smollm2-135m-eagle"),
+                                           ("torch:cpu", "smollm2-135m-eagle3")])
+def test_greedy_with_the_shipped_heads_on_the_real_model_is_target_only(backend, head):
     from mlxspec.targets.loading import load
 
     lm = load("default", backend=backend)
     ids = lm.tokenizer.encode("List the days of the week, then list them again in reverse order.")
-    drafter = make_drafter("ngram:3+smollm2-135m-eagle", lm)
+    drafter = make_drafter(f"ngram:3+{head}", lm)
     want = emitted(generate(lm.model, ids, GREEDY, 48, set(), 2048))
     events = list(generate(lm.model, ids, GREEDY, 48, set(), 2048, 0, drafter, k_policy("auto", drafter, flat_curve)))
     assert emitted(events) == want

@@ -51,11 +51,10 @@ def test_models_list_json(tmp_path, monkeypatch):
     assert data["home"] == str(tmp_path)
     m = data["models"][0]
     assert m["name"] == "smollm2-135m-instruct" and m["default"] and not m["present"]
-    # The shipped drafts live in the repository, not the store: present whatever the home. Neither
-    # is the default: neither is faster than target-only here, prompt lookup is (README;
-    # BENCHMARKS.md, "Does each drafter beat target-only decoding").
+    # The shipped drafts live in the repository, not the store: present whatever the home. None
+    # is the default alone: the default drafts with a cascade of prompt lookup and a head.
     drafts = {x["name"]: x for x in data["models"][1:]}
-    assert set(drafts) == {"smollm2-135m-draft", "smollm2-135m-eagle"}
+    assert set(drafts) == {"smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-eagle3"}
     assert all(x["draft_for"] == m["name"] and not x["default_draft"] and x["present"] for x in drafts.values())
 
 
@@ -412,7 +411,8 @@ def test_a_draft_that_names_no_drafter_is_refused_before_anything_opens(command,
     monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("loaded a model for a bad --draft"))
     one_line_error(invoke(*command, "--draft", "banana"),
                    r"unknown drafter 'banana': not one of none, default, ngram\[:N\], suffix\[:N\], self:L, "
-                   r"A\+B \(a cascade\), a shipped draft \(smollm2-135m-draft, smollm2-135m-eagle\)")
+                   r"A\+B \(a cascade\), a shipped draft \(smollm2-135m-draft, smollm2-135m-eagle, "
+                   r"smollm2-135m-eagle3\)")
     one_line_error(invoke(*command, "--draft", "self:abc"), "expected self:L with L an integer")
     one_line_error(invoke(*command, "--draft", "ngram:3+banana"), r"unknown drafter 'banana'")
 

@@ -132,7 +132,8 @@ def test_bad_drafter_specs(spec, message):
 
 
 @pytest.mark.parametrize("name, weights", [("smollm2-135m-draft", "draft.safetensors"),
-                                           ("smollm2-135m-eagle", "head.safetensors")])
+                                           ("smollm2-135m-eagle", "head.safetensors"),
+                                           ("smollm2-135m-eagle3", "model.safetensors")])
 def test_the_shipped_drafts_are_small_and_registered(name, weights):
     from mlxspec.targets import store
 

@@ -246,7 +246,7 @@ def test_features_of_supported_families_are_refused_in_one_line(lm):
     one_line(e)
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-draft", "smollm2-135m-eagle"])
+@pytest.mark.parametrize("name", ["smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-eagle3"])
 def test_shipped_drafts_that_read_the_target_are_refused(lm, name):
     from mlxspec.targets import store
 

@@ -142,7 +142,8 @@ def test_speed_side_by_side(tl):
 
 @pytest.mark.model
 def test_default_drafters_of_the_default_model(tl):
-    assert pa.default_drafters(tl.source) == ["none", "ngram:3", "self:8", "smollm2-135m-draft", "smollm2-135m-eagle"]
+    assert pa.default_drafters(tl.source) == ["none", "ngram:3", "self:8", "smollm2-135m-draft", "smollm2-135m-eagle",
+                                              "smollm2-135m-eagle3"]
 
 
 # ----------------------------------------------------------------------------- the CLI

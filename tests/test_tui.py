@@ -921,7 +921,8 @@ def test_model_source_keeps_the_cache_across_turns_with_a_system_prompt(lm):
 def test_the_drafter_key_cycles_through_the_shipped_drafts_too():
     from mlxspec.tui.chat.app import shipped_drafts
 
-    assert shipped_drafts("default") == ("smollm2-135m-draft", "smollm2-135m-eagle", "ngram:3+smollm2-135m-eagle")
+    assert shipped_drafts("default") == ("smollm2-135m-draft", "smollm2-135m-eagle", "ngram:3+smollm2-135m-eagle",
+                                         "smollm2-135m-eagle3", "ngram:3+smollm2-135m-eagle3")
     assert shipped_drafts("no-such-model") == ()  # its load error is shown in the UI
 
 

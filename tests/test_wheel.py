@@ -42,7 +42,7 @@ def test_wheel_lists_models_with_their_shipped_drafts(installed):
     r = run(installed / "mlxspec", "models", "list", "--json", cwd="/")
     assert r.returncode == 0, r.stderr
     rows = {m["name"]: m for m in json.loads(r.stdout)["models"]}
-    for draft in ("smollm2-135m-draft", "smollm2-135m-eagle"):
+    for draft in ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-eagle3"):
         assert rows[draft]["present"], rows[draft]
         assert "site-packages" in rows[draft]["path"]  # from the installed package, not this checkout
 
@@ -63,5 +63,5 @@ def test_the_wheel_carries_the_licence_and_the_cards_name_theirs(installed):
     site = next((installed.parent / "lib").glob("python*/site-packages"))
     licence = next(site.glob("mlxspec-*.dist-info/licenses/LICENSE")).read_text()
     assert "Apache License" in licence and "Version 2.0, January 2004" in licence
-    for draft in ("smollm2-135m-draft", "smollm2-135m-eagle"):
+    for draft in ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-eagle3"):
         assert "Licence: Apache-2.0" in (site / "mlxspec" / "models" / draft / "README.md").read_text()

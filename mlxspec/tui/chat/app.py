@@ -29,6 +29,7 @@ from mlxspec.core.tree import MAX_TREE_NODES, TreeShape, full_size, parse_tree
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.runs import RunCollector
 from mlxspec.targets import store
+from mlxspec.targets.eagle3 import find_eagle3
 from mlxspec.targets.folders import find_head
 from mlxspec.targets.loading import resolve
 
@@ -471,14 +472,16 @@ def chat_sampling(target: str, temp: float | None = None, top_p: float | None = 
 
 
 def shipped_drafts(target: str) -> tuple[str, ...]:
-    """The registry's drafts for ``target`` (none for a target it does not know), each eagle
-    head also behind prompt lookup (``ngram:3+HEAD``), for ^d."""
+    """The registry's drafts for ``target`` (none for a target it does not know), each head
+    that reads the target's states (eagle, EAGLE-3) also behind prompt lookup (``ngram:3+HEAD``),
+    for ^d."""
     try:
         name = resolve(target)[0]
     except MlxspecError:  # reported in the UI once loading fails
         return ()
     names = [d["name"] for d in store.drafts() if d["target"] == name and d["present"]]
-    return tuple(n for d in names for n in ([d, f"ngram:3+{d}"] if find_head(d) is not None else [d]))
+    reads_target = lambda d: find_head(d) is not None or find_eagle3(d) is not None  # noqa: E731
+    return tuple(n for d in names for n in ([d, f"ngram:3+{d}"] if reads_target(d) else [d]))
 
 
 def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float | None = None,
