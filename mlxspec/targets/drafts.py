@@ -38,6 +38,12 @@ def counted(spec: str, kind: str, default: str) -> int | None:
     return int(n)
 
 
+def is_head(spec: str) -> bool:
+    """Whether ``spec`` names a head that drafts from the target's states (an eagle or EAGLE-3
+    head, by registry name, folder or cached hub id): what a cascade puts behind lookup."""
+    return find_head(spec) is not None or find_eagle3(spec) is not None
+
+
 def check_draft_spec(spec: str) -> None:
     """Refuse, before anything loads, a ``--draft`` that names no drafter. What depends on the
     target (self:L's range, a draft's fit) is checked when the drafter is made."""
@@ -53,7 +59,7 @@ def check_draft_spec(spec: str) -> None:
         if not spec.partition(":")[2].isdigit():
             raise MlxspecError(f"bad drafter {spec!r}: expected self:L with L an integer")
         return
-    if find_draft(spec) is not None or find_head(spec) is not None or find_eagle3(spec) is not None:
+    if find_draft(spec) is not None or is_head(spec):
         return
     try:
         resolve(spec)

@@ -29,8 +29,7 @@ from mlxspec.core.tree import MAX_TREE_NODES, TreeShape, full_size, parse_tree
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.runs import RunCollector
 from mlxspec.targets import store
-from mlxspec.targets.eagle3 import find_eagle3
-from mlxspec.targets.folders import find_head
+from mlxspec.targets.drafts import is_head
 from mlxspec.targets.loading import resolve
 
 from ..threads import wait_for_thread_exit
@@ -480,8 +479,7 @@ def shipped_drafts(target: str) -> tuple[str, ...]:
     except MlxspecError:  # reported in the UI once loading fails
         return ()
     names = [d["name"] for d in store.drafts() if d["target"] == name and d["present"]]
-    reads_target = lambda d: find_head(d) is not None or find_eagle3(d) is not None  # noqa: E731
-    return tuple(n for d in names for n in ([d, f"ngram:3+{d}"] if reads_target(d) else [d]))
+    return tuple(n for d in names for n in ([d, f"ngram:3+{d}"] if is_head(d) else [d]))
 
 
 def run_chat(target: str = "default", draft: str = "default", k: int | str = AUTO, temp: float | None = None,
