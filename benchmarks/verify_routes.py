@@ -15,6 +15,8 @@ Routes (one model per backend; a route swaps its kernels in place, nothing else 
   torch-rows           every row alone: n GEMVs per projection, n one-query SDPAs (invariant by
                        construction; the cost of n one-token passes less the per-pass overhead)
   mlx-cpupath          today's MLX CPU path (core.model.CpuPath, compiled)
+  mlx-invariant        CpuPath batch-invariant (mlx_invariant.py): every product padded to the row
+                       count from which its rows agree (probed), attention in 64-key blocks
   mlx-blocks           MLX, the blocks' own path (use_cpu_path False)
   mlx-cpupath-wt       CpuPath with every weight stored transposed (x @ W, W (in, out) row-major)
 
@@ -50,8 +52,10 @@ from mlxspec.targets import loading
 from mlxspec.torchpath import invariant
 from mlxspec.torchpath.load import to_torch
 
+from mlx_invariant import invariant_path
+
 TORCH_ROUTES = ("torch-mkl", "torch-mkl-packed", "torch-onednn", "torch-invariant", "torch-rows")
-MLX_ROUTES = ("mlx-cpupath", "mlx-blocks", "mlx-cpupath-wt")
+MLX_ROUTES = ("mlx-cpupath", "mlx-invariant", "mlx-blocks", "mlx-cpupath-wt")
 MAX_N = 8
 
 
@@ -148,6 +152,7 @@ def attend_rows(q: Any, k: Any, v: Any, mask: Any, scale: float) -> Any:
 class MlxRoutes:
     def __init__(self, lm: Any):
         self.model = lm.model
+        self.own, self.invariant = lm.model.cpu_path(), invariant_path(lm.model)
         self.plain, self.transposed = [], []
         for block in self.model.layers:
             for lin in (*(getattr(block.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")),
@@ -158,6 +163,7 @@ class MlxRoutes:
 
     def use(self, route: str) -> None:
         self.model.use_cpu_path = route != "mlx-blocks"
+        self.model.run_cpu_path(self.invariant if route == "mlx-invariant" else self.own)
         for lin, w in self.transposed if route == "mlx-cpupath-wt" else self.plain:
             lin.weight = w
 

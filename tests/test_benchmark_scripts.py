@@ -48,6 +48,7 @@ def load_script(path: Path, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setattr(sys, "argv", [str(path), "--no-such-option"])
     monkeypatch.setitem(sys.modules, name, module)  # dataclasses look their module up here
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python benchmarks/x.py` runs: its siblings import
     spec.loader.exec_module(module)
     return module
 

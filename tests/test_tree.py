@@ -253,6 +253,10 @@ def test_tree_verify_is_exact_against_the_float64_reference(parents, data):
     p[rng.random(p.shape) < 0.15] = 0.0  # some impossible tokens too
     p[:, 0] += 1e-3
     p /= p.sum(axis=-1, keepdims=True)
+    rows = {(): 0}  # the row of the first node reached by each token prefix
+    for i in range(len(parents)):
+        prefix = tuple(tokens[j] for j in path_to(parents, i))
+        p[i + 1] = p[rows.setdefault(prefix, i + 1)]  # as a target: duplicate siblings see one context
     ours: dict[tuple[int, ...], float] = {}
     for choices in itertools.product(range(vocab), repeat=len(parents) + 1):
         w = float(np.prod(p[np.arange(len(parents) + 1), choices]))
@@ -264,10 +268,6 @@ def test_tree_verify_is_exact_against_the_float64_reference(parents, data):
     ref = tree_output_distribution(tokens, parents, p)
     assert ours.keys() == ref.keys() and all(abs(ours[s] - ref[s]) < 1e-12 for s in ref)
     assert abs(sum(ref.values()) - 1) < 1e-12
-    rows = {(): 0}
-    for i in range(len(parents)):  # the row of the first node reached by each token prefix
-        prefix = tuple(tokens[j] for j in path_to(parents, i))
-        rows.setdefault(prefix, i + 1)
     for seq, prob in ref.items():
         assert abs(prob - np.prod([p[rows[seq[:d]], seq[d]] for d in range(len(seq))])) < 1e-12
 

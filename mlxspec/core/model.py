@@ -418,7 +418,8 @@ class CpuPath:
 
     It covers llama blocks with any head size and RoPE frequencies (``handles``); the other
     families' extras (q/k norms, partial or x-scaled RoPE, Gemma's blocks) run the blocks' own
-    path."""
+    path. A variant being measured (``benchmarks/mlx_invariant.py``) overrides the compiled
+    halves, ``pass_mask`` and ``attend``, and runs through ``Llama.run_cpu_path``."""
 
     def __init__(self, cfg: LlamaConfig):
         self.cfg = cfg
@@ -444,14 +445,24 @@ class CpuPath:
         n = mx.fast.rms_norm(h, norm_w, self.cfg.rms_norm_eps)
         return h + (nn.silu(n @ gate_w.T) * (n @ up_w.T)) @ down_w.T
 
+    def pass_mask(self, mask, length: int, offset: int, dtype: mx.Dtype):
+        """The mask every layer's ``attend`` takes, built once per pass: "causal" as a boolean
+        array (None for one token: every key)."""
+        if isinstance(mask, str):
+            return None if length == 1 else causal_mask(length, offset)
+        return mask
+
+    def attend(self, q: mx.array, cache: KVCache, keys: mx.array, values: mx.array, mask) -> mx.array:
+        """Attention over ``keys``/``values`` (what ``cache`` holds after this pass's update)."""
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.cfg.head_dim**-0.5, mask=mask)
+
     def layers(self, blocks: list[Block], h: mx.array, cache: list[KVCache], mask, positions,
                taps: tuple[int, ...] = ()) -> tuple[mx.array, list[mx.array]]:
         """The blocks' output, and the residual stream entering each block index in ``taps``
         (``len(blocks)``: the last block's output, before the final norm)."""
         c = self.cfg
         L, offset = h.shape[1], cache[0].offset
-        if isinstance(mask, str):  # causal over the cache, as a boolean array built once
-            mask = None if L == 1 else causal_mask(L, offset)
+        mask = self.pass_mask(mask, L, offset, h.dtype)
         cos, sin = rope_tables(c, L, offset, positions, h.dtype, self.rope)
         before, after = self.compiled if L <= self.compile_max_tokens else (self.before_attention, self.after_attention)
         tapped = []
@@ -460,8 +471,7 @@ class CpuPath:
                 tapped.append(h)
             a, m = b.self_attn, b.mlp
             q, k, v = before(h, b.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, cos, sin)
-            k, v = kv.update_and_fetch(k, v)
-            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=c.head_dim**-0.5, mask=mask)
+            out = self.attend(q, kv, *kv.update_and_fetch(k, v), mask)
             h = after(h, out, a.o_proj.weight, b.post_attention_layernorm.weight, m.gate_proj.weight,
                       m.up_proj.weight, m.down_proj.weight)
         return h, tapped + ([h] if len(blocks) in taps else [])
@@ -506,6 +516,11 @@ class Llama(nn.Module):
         if self._cpu.value is None:
             self._cpu.value = CpuPath(self.cfg)
         return self._cpu.value
+
+    def run_cpu_path(self, path: CpuPath | None) -> None:
+        """Run ``path`` (a variant of ``CpuPath`` being measured) wherever the CPU path applies;
+        None: the model's own, built on the next pass."""
+        self._cpu.value = path
 
     def make_cache(self) -> list[KVCache]:
         # Sliding layers keep every position too (masked instead of rotated out) so that a
