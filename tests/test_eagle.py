@@ -419,3 +419,32 @@ def test_feature_shards_are_shared_by_sets_with_a_common_prefix(tmp_path, monkey
     assert built == [["p2", "p3"], ["p4"]] and len(large.lengths) == 5
     built.clear()
     assert len(features.build(target, examples, tmp_path).lengths) == 5 and built == []
+
+
+def test_gathered_shards_equal_the_shards_concatenated(tmp_path):
+    """``FeatureSet.gather`` (one shard at a time into arrays allocated once) is the set that
+    loading every shard and concatenating gives, tapped states included; a set without them
+    in the mix keeps none."""
+    from mlxspec.training.features import FeatureSet
+
+    rng = np.random.default_rng(0)
+
+    def shard(n_examples: int, aux: bool) -> FeatureSet:
+        lengths = rng.integers(3, 9, n_examples)
+        n = int(lengths.sum())
+        return FeatureSet(rng.integers(0, 99, n).astype(np.int32), rng.standard_normal((n, 4)).astype(np.float16),
+                          rng.standard_normal(n).astype(np.float32), rng.integers(0, 99, n).astype(np.int32),
+                          lengths, rng.integers(0, 3, n_examples), [f"c{i}" for i in range(n_examples)], {},
+                          rng.standard_normal((n, 8)).astype(np.float16) if aux else None)
+
+    parts = [shard(3, True), shard(1, True), shard(4, True)]
+    paths = [p.save(tmp_path / f"{i}.npz") for i, p in enumerate(parts)]
+    got, want = FeatureSet.gather(paths, {"k": 1}), FeatureSet.concat(parts, {"k": 1})
+    for f in ("tokens", "features", "lse", "argmax", "lengths", "response_start", "aux"):
+        a, b = getattr(got, f), getattr(want, f)
+        assert a.dtype == b.dtype and np.array_equal(a, b), f
+    assert got.categories == want.categories and got.meta == {"k": 1}
+    untapped = shard(2, False).save(tmp_path / "plain.npz")
+    assert FeatureSet.gather([*paths, untapped], {}).aux is None
+    with pytest.raises(MlxspecError, match="not a feature set"):
+        FeatureSet.gather([tmp_path / "missing.npz"], {})

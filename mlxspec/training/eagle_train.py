@@ -40,7 +40,7 @@ from mlxspec.targets.folders import CARD_LICENCE, save_head
 from mlxspec.training import losses as L
 from mlxspec.training.corpus import build_corpus
 from mlxspec.training.distill import choose_vocab
-from mlxspec.training.features import FeatureSet, build
+from mlxspec.training.features import FeatureSet, build, build_shards, set_meta
 from mlxspec.training.train import batch_order, warmup_cosine
 from mlxspec.training.written import written_examples
 
@@ -341,17 +341,22 @@ def prepare_features(target, per_category: int, max_examples: int | None, seed: 
                            f"at --examples-per-category {per_category}")
     cache = store.home() / "eagle-data"
     report = (lambda i, n: progress("features", i, n)) if progress else None
-    data = build(target, examples[:max_examples], cache, max_tokens=max_tokens, progress=report, taps=taps)
     if not target_written:
-        return data
+        return build(target, examples[:max_examples], cache, max_tokens=max_tokens, progress=report, taps=taps)
+    t0 = time.perf_counter()
+    corpus = examples[:max_examples]
+    paths = build_shards(target, corpus, cache, max_tokens=max_tokens, progress=report, taps=taps)
     report = (lambda i, n: progress("target answers", i, n)) if progress else None
     answers = written_examples(target, examples[:target_written], cache / "written", max_new=max_tokens // 2,
                                seed=seed, max_prompt=max_tokens // 2, progress=report)
-    # Built as a set of its own, so its shards do not depend on how many corpus examples precede it.
+    # Built as a set of its own, so its shards do not depend on how many corpus examples precede it;
+    # the two are read into one set at once (``FeatureSet.gather``: no second copy of either).
     report = (lambda i, n: progress("features of the target's answers", i, n)) if progress else None
-    own = build(target, answers, cache, max_tokens=max_tokens, progress=report, taps=taps)
-    meta = {**data.meta, "target_written": target_written, "written_key": own.meta["key"]}
-    both = FeatureSet.concat([data, own], meta)
+    paths += build_shards(target, answers, cache, max_tokens=max_tokens, progress=report, taps=taps)
+    meta = {**set_meta(target, corpus, max_tokens, taps), "target_written": target_written,
+            "written_key": set_meta(target, answers, max_tokens, taps)["key"]}
+    both = FeatureSet.gather(paths, meta)
+    both.meta["load_or_build_s"] = round(time.perf_counter() - t0, 1)
     both.meta["tokens_per_category"] = both.tokens_per_category()
     return both
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from mlxspec.targets.tokenizer import encode_prompt
 
 MAX_TOKENS = 256  # per example: long enough for multi-sentence answers, short enough to batch
 SHARD = 64  # examples per saved shard
+PER_POSITION = ("tokens", "features", "lse", "argmax")  # FeatureSet's arrays, one row a position ...
+PER_EXAMPLE = ("lengths", "response_start")  # ... and one an example
 
 
 @dataclass
@@ -75,13 +78,34 @@ class FeatureSet:
 
     @classmethod
     def load(cls, path: Path) -> FeatureSet:
-        try:
-            z = np.load(path)
-            return cls(z["tokens"], z["features"], z["lse"], z["argmax"], z["lengths"], z["response_start"],
-                       [str(c) for c in z["categories"]], json.loads(str(z["meta"])),
-                       z["aux"] if "aux" in z.files else None)
-        except (OSError, KeyError, ValueError) as e:
-            raise MlxspecError(f"{path}: not a feature set ({e})") from None
+        with _opened(path) as z:
+            return cls(*(z[f] for f in (*PER_POSITION, *PER_EXAMPLE)), [str(c) for c in z["categories"]],
+                       json.loads(str(z["meta"])), z["aux"] if "aux" in z.files else None)
+
+    @classmethod
+    def gather(cls, paths: Sequence[Path], meta: dict[str, Any]) -> FeatureSet:
+        """The saved sets at ``paths`` as one, read one at a time into arrays allocated once:
+        the peak is the whole set plus one shard, not twice the whole (as loading them all and
+        concatenating would be; with the tapped states a full set is several GB)."""
+        if not paths:
+            raise MlxspecError("no examples: the feature set is empty")
+        sizes = []  # (positions, examples, whether it has the tapped states) of each
+        for path in paths:
+            with _opened(path) as z:
+                sizes.append((int(z["lengths"].sum()), len(z["lengths"]), "aux" in z.files))
+        fields = [*PER_POSITION, *PER_EXAMPLE] + (["aux"] if all(aux for *_, aux in sizes) else [])
+        rows = {f: sum(e if f in PER_EXAMPLE else n for n, e, _ in sizes) for f in fields}
+        with _opened(paths[0]) as z:  # the widths and dtypes
+            out = {f: np.empty((rows[f], *z[f].shape[1:]), z[f].dtype) for f in fields}
+        categories: list[str] = []
+        n = e = 0
+        for path, (dn, de, _) in zip(paths, sizes):
+            with _opened(path) as z:
+                for f, arr in out.items():
+                    arr[slice(e, e + de) if f in PER_EXAMPLE else slice(n, n + dn)] = z[f]
+                categories += [str(c) for c in z["categories"]]
+            n, e = n + dn, e + de
+        return cls(*(out[f] for f in (*PER_POSITION, *PER_EXAMPLE)), categories, meta, out.get("aux"))
 
     @classmethod
     def concat(cls, parts: Sequence[FeatureSet], meta: dict[str, Any]) -> FeatureSet:
@@ -91,6 +115,17 @@ class FeatureSet:
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in
                      ("tokens", "features", "lse", "argmax", "lengths", "response_start")),
                    [c for p in parts for c in p.categories], meta, aux)
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[Any]:
+    """The ``.npz`` at ``path``, open (its arrays are read as they are asked for); any fault
+    reading it is a clear error naming the file."""
+    try:
+        with np.load(path) as z:
+            yield z
+    except (OSError, KeyError, ValueError) as e:
+        raise MlxspecError(f"{path}: not a feature set ({e})") from None
 
 
 def encode_example(tokenizer, prompt: str, response: str, max_tokens: int = MAX_TOKENS) -> tuple[list[int], int]:
@@ -172,29 +207,40 @@ def _build_shard(target, examples: Sequence[Any], max_tokens: int, batch: int, t
     return FeatureSet.concat(parts, {})
 
 
-def build(target, examples: Sequence[Any], cache_dir: Path, max_tokens: int = MAX_TOKENS, batch: int = 8,
-          progress: Callable[[int, int], None] | None = None, taps: tuple[int, ...] = ()) -> FeatureSet:
-    """Features for ``examples`` (anything with ``category``, ``prompt``, ``response``), built
-    in shards of ``SHARD`` examples; shards already in the cache are reused. ``taps``: also the
-    states entering those blocks (``FeatureSet.aux``)."""
+def build_shards(target, examples: Sequence[Any], cache_dir: Path, max_tokens: int = MAX_TOKENS, batch: int = 8,
+                 progress: Callable[[int, int], None] | None = None, taps: tuple[int, ...] = ()) -> list[Path]:
+    """The saved shards of features for ``examples`` (anything with ``category``, ``prompt``,
+    ``response``), ``SHARD`` examples each; shards already in the cache are reused. ``taps``:
+    also the states entering those blocks (``FeatureSet.aux``)."""
     if not examples:
         raise MlxspecError("no training examples")
     # Shards are keyed by their own examples, not the set's: sets that share a prefix of the
     # corpus (a larger --max-examples, an interrupted build) share their shards, and a set is
     # just its shards put together.
     shard_dir = cache_dir / "shards"
-    t0 = time.perf_counter()
-    parts = []
+    paths = []
     for start in range(0, len(examples), SHARD):
         chunk = examples[start : start + SHARD]
         path = shard_dir / f"{cache_key(target.name, chunk, max_tokens, taps)}.npz"
         if not path.exists():
             _build_shard(target, chunk, max_tokens, batch, taps).save(path)
-        parts.append(FeatureSet.load(path))
+        paths.append(path)
         if progress:
             progress(min(start + SHARD, len(examples)), len(examples))
-    meta = {"target": target.name, "examples": len(examples), "max_tokens": max_tokens,
-            "key": cache_key(target.name, examples, max_tokens, taps), "load_or_build_s": round(time.perf_counter() - t0, 1)}
-    data = FeatureSet.concat(parts, meta)
+    return paths
+
+
+def build(target, examples: Sequence[Any], cache_dir: Path, max_tokens: int = MAX_TOKENS, batch: int = 8,
+          progress: Callable[[int, int], None] | None = None, taps: tuple[int, ...] = ()) -> FeatureSet:
+    """``build_shards``' shards as one set."""
+    t0 = time.perf_counter()
+    paths = build_shards(target, examples, cache_dir, max_tokens, batch, progress, taps)
+    data = FeatureSet.gather(paths, set_meta(target, examples, max_tokens, taps))
+    data.meta["load_or_build_s"] = round(time.perf_counter() - t0, 1)
     data.meta["tokens_per_category"] = data.tokens_per_category()
     return data
+
+
+def set_meta(target, examples: Sequence[Any], max_tokens: int, taps: tuple[int, ...] = ()) -> dict[str, Any]:
+    return {"target": target.name, "examples": len(examples), "max_tokens": max_tokens,
+            "key": cache_key(target.name, examples, max_tokens, taps)}
