@@ -569,6 +569,14 @@ def test_aux_layers_choose_the_taps_and_zero_layers_train_a_head_that_reads_only
         new_head(target, ids, aux_layers=taps, zero_layers=taps)
 
 
+def test_taps_are_named_as_blocks_and_the_last_output():
+    from mlxspec.training.eagle3 import taps_named
+
+    assert taps_named((2, 15, 27), 30) == "the states entering blocks [2, 15, 27]"
+    assert taps_named((30,), 30) == "the last block's output"
+    assert taps_named((4, 30), 30) == "the state entering block 4 and the last block's output"
+
+
 def test_train_draft_checks_aux_and_zero_layers():
     from mlxspec.training.run import TrainOptions
 
@@ -690,6 +698,7 @@ def test_quick_eagle3_training_writes_the_published_format_and_drafts_exactly(tm
     assert ("embed_tokens.weight" in mx.load(str(out / "model.safetensors"))) is not shared
     card = (out / "README.md").read_text()
     assert "Reproduce: `mlxspec train-draft --arch eagle3" in card
+    assert "fuses\nthe states entering blocks [2, 15, 27] of the target" in card
     assert ("--share-embeddings" in card and "stores no embedding table" in card) is shared
     ids = encode_prompt(lm.tokenizer, "Name three rivers in Europe.")
     stop = set(lm.tokenizer.eos_token_ids)

@@ -106,17 +106,25 @@ def without_taps(head: Eagle3Head, zero: tuple[int, ...], target) -> Eagle3Head:
     return out
 
 
+def taps_named(taps: tuple[int, ...], num_layers: int) -> str:
+    """Taps in words: tap i < ``num_layers`` is the state entering block i; ``num_layers`` the
+    last block's output."""
+    inner = [t for t in taps if t < num_layers]
+    words = [f"the states entering blocks {inner}" if len(inner) > 1 else f"the state entering block {inner[0]}"] if inner else []
+    return " and ".join(words + (["the last block's output"] if num_layers in taps else []))
+
+
 def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, head: Eagle3Head,
-               history: list[EagleStepLog], seconds: float, zero_layers: tuple[int, ...] = (),
+               history: list[EagleStepLog], seconds: float, target_layers: int, zero_layers: tuple[int, ...] = (),
                table_stored: bool = True) -> str:
     c = head.cfg
     if zero_layers and not set(zero_layers) & set(c.aux_layers):  # a shared cache's extra taps, dropped on save
-        ablation = (f"\n\nTrained from a feature cache that also holds the states entering blocks {list(zero_layers)}, "
+        ablation = (f"\n\nTrained from a feature cache that also holds {taps_named(zero_layers, target_layers)}, "
                     "shared with other runs: those states were zeroed and their `fc` columns held at zero, so the "
                     "head never read them and is written without them.")
     else:
-        ablation = (f"\n\nTrained with the states of blocks {list(zero_layers)} zeroed and their `fc` columns held "
-                    "at zero (an ablation): the head reads only the other blocks." if zero_layers else "")
+        ablation = (f"\n\nTrained with {taps_named(zero_layers, target_layers)} zeroed and their `fc` columns held "
+                    "at zero (an ablation): the head reads only the other taps." if zero_layers else "")
     params = sum(v.size for k, v in tree_flatten(head.parameters()))
     table = ("the folder also carries the target's embedding table, as published heads do." if table_stored else
              "it stores no embedding table: mlxspec, vLLM and SGLang take the target's own at load time.")
@@ -126,8 +134,8 @@ def model_card(name: str, recipe: str, data: FeatureSet, cfg: EagleTrainConfig, 
     return f"""# {name}
 
 An EAGLE-3 draft head for `{data.meta.get('target', '?')}`, in the published EAGLE-3 layout
-(`config.json` + `model.safetensors`, architecture `LlamaForCausalLMEagle3`): `fc` fuses the
-states entering target blocks {list(c.aux_layers)}, one decoder layer reads [embedding; feature],
+(`config.json` + `model.safetensors`, architecture `LlamaForCausalLMEagle3`): `fc` fuses
+{taps_named(c.aux_layers, target_layers)} of the target, one decoder layer reads [embedding; feature],
 and `lm_head` scores the {c.draft_vocab} tokens the target emits most in the training data
 (`d2t` maps them to target ids; q = 0 elsewhere, so verification stays exact). {params / 1e6:.1f}M
 parameters of its own; {table}{ablation}

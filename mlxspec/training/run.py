@@ -321,7 +321,7 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
                     extra={"mlxspec": {"target": target.name, "recipe": command,
                                        "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}})
         (opts.out / "README.md").write_text(e3.model_card(opts.out.name, command, data, cfg, head, history, seconds,
-                                                             zero, table is not None))
+                                                             target.config.num_layers, zero, table is not None))
     else:
         save_head(head, opts.out, card=et.model_card(opts.out.name, command, data, cfg, head, history, seconds),
                   extra={"target": target.name, "recipe": command})
