@@ -113,6 +113,7 @@ def test_turn_stats():
     s.result = TurnResult("eos", "", decode_tps=3.0)
     assert s.tps_turn() == 3.0  # the engine's own figure once the turn is done
     assert s.median_verify_ms() is None  # not a target-only turn
+    assert s.one_token_ms() is None  # no undrafted step after the first
 
 
 def test_a_cascade_turn_shows_each_part_and_its_acceptance():
@@ -968,6 +969,29 @@ def test_a_turn_that_drafted_nothing_shows_no_acceptance_or_speedup():
             assert "%" not in rows["acceptance"] and "x" not in rows["speedup"]
 
     run(go())
+
+
+def test_undrafted_steps_of_a_speculative_turn_become_the_baseline():
+    """The start-up baseline ran without the UI drawing beside it; a speculative turn's own
+    one-token passes (its undrafted steps, five or more) are target-only decoding under the
+    turn's conditions, so they replace it. Fewer are not enough."""
+    plain = [(1.0, 90.0, [(" more", Status.PLAIN)])]
+
+    async def go(extra: int):
+        app, _ = fake_app(script=SCRIPT + plain * extra, settings=Settings(draft="ngram:3", k="auto"))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            assert app.baseline.source == "measured at start-up" and app.baseline.ms_per_token == 110.0
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            return app.baseline, panel_rows(app), screen_text(app)
+
+    baseline, rows, screen = run(go(5))  # SCRIPT's second plain step (110 ms) and five of 90 ms
+    assert baseline == Baseline(90.0, "measured: last turn, K=0 steps")
+    assert "vs target-only 11.1 tok/s" in screen and "(measured: last turn, K=0 steps)" in screen
+    assert rows["speedup"].endswith("x")
+    baseline, _, _ = run(go(3))
+    assert baseline.source == "measured at start-up"
 
 
 def test_ctrl_k_from_auto_steps_from_the_k_auto_was_using():

@@ -265,6 +265,8 @@ class ChatApp(App[None], inherit_bindings=False):
         self.history.append({"role": "assistant", "content": self.answer.output})
         if self.stats.target_only and (ms := self.stats.median_verify_ms()):
             self.baseline = Baseline(ms, "measured: last target-only turn")
+        elif ms := self.stats.one_token_ms():
+            self.baseline = Baseline(ms, "measured: last turn, K=0 steps")
         if result.stop_reason == "context":
             self.transcript.add_error("The context is full: start a new chat with ^n.")
         self._refresh_stats()

@@ -13,6 +13,7 @@ from mlxspec.measure.runs import RunCollector, acceptance_by_position
 from .messages import StepData, TurnResult
 
 NOW_WINDOW = 8  # steps behind "tokens/s now"
+ONE_TOKEN_PASSES = 5  # undrafted steps a speculative turn needs before its passes become the baseline
 
 
 @dataclass
@@ -139,6 +140,14 @@ class TurnStats:
         """Target-only ms per token, when this was a target-only turn (first step excluded)."""
         later = self.collector.verify_ms[1:]
         return statistics.median(later) if later and self.target_only else None
+
+    def one_token_ms(self, least: int = ONE_TOKEN_PASSES) -> float | None:
+        """Target-only ms per token measured inside a speculative turn: the median pass of its
+        steps that drafted nothing (first step excluded), when there were at least ``least``.
+        Those passes ran under this turn's conditions (the UI drawing beside them, the
+        context's length), which a baseline measured at start-up did not."""
+        passes = [ms for k, ms in zip(self.collector.drafted[1:], self.collector.verify_ms[1:]) if k == 0]
+        return statistics.median(passes) if len(passes) >= least and not self.target_only else None
 
     def speedup(self, baseline: Baseline) -> float | None:
         """Measured tokens/s of this turn over the target-only baseline's."""
