@@ -987,11 +987,23 @@ def test_undrafted_steps_of_a_speculative_turn_become_the_baseline():
             return app.baseline, panel_rows(app), screen_text(app)
 
     baseline, rows, screen = run(go(5))  # SCRIPT's second plain step (110 ms) and five of 90 ms
-    assert baseline == Baseline(90.0, "measured: last turn, K=0 steps")
-    assert "vs target-only 11.1 tok/s" in screen and "(measured: last turn, K=0 steps)" in screen
+    assert baseline == Baseline(90.0, "measured: this chat's K=0 steps")
+    assert "vs target-only 11.1 tok/s" in screen and "(measured: this chat's K=0 steps)" in screen
     assert rows["speedup"].endswith("x")
     baseline, _, _ = run(go(3))
     assert baseline.source == "measured at start-up"
+
+    async def live():  # while the turn runs, the panel's speedup already uses its passes
+        app, _ = fake_app(script=SCRIPT + plain * 20, settings=Settings(draft="ngram:3", k="auto"), delay=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await ask(pilot, app, "hi")
+            await wait_for(pilot, lambda: app.stats is not None and len(app.stats.steps) >= len(SCRIPT) + 6, 30)
+            assert app.running is not None and app.baseline.source == "measured at start-up"
+            assert app.live_baseline() == Baseline(90.0, "measured: this chat's K=0 steps")
+            await turn_done(pilot, app)
+
+    run(live())
 
 
 def test_ctrl_k_from_auto_steps_from_the_k_auto_was_using():

@@ -63,6 +63,7 @@ from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, TreePanel, 
 # divides by its interval). Drawing a line of the answer re-lays out the screen; done after every
 # step it competes with decoding, batched it does not (BENCHMARKS.md, chat drawing overhead).
 RENDER_DELAY = 0.1
+STEPS_SOURCE = "measured: this chat's K=0 steps"  # a baseline from a speculative turn's undrafted steps
 STATS_INTERVAL = 0.5  # seconds between side-panel redraws while generating (each costs ~7 ms)
 DEFAULT_TREE = parse_tree("3x2", 8)  # what ^g first turns on: `mlxspec study`'s shape (the paper's)
 
@@ -266,7 +267,7 @@ class ChatApp(App[None], inherit_bindings=False):
         if self.stats.target_only and (ms := self.stats.median_verify_ms()):
             self.baseline = Baseline(ms, "measured: last target-only turn")
         elif ms := self.stats.one_token_ms():
-            self.baseline = Baseline(ms, "measured: last turn, K=0 steps")
+            self.baseline = Baseline(ms, STEPS_SOURCE)
         if result.stop_reason == "context":
             self.transcript.add_error("The context is full: start a new chat with ^n.")
         self._refresh_stats()
@@ -451,7 +452,14 @@ class ChatApp(App[None], inherit_bindings=False):
             self._stats_timer.stop()
             self._stats_timer = None
         self._stats_shown = time.monotonic()
-        self.query_one(StatsPanel).show(self.stats, self.settings, self.baseline, self.running is not None)
+        self.query_one(StatsPanel).show(self.stats, self.settings, self.live_baseline(), self.running is not None)
+
+    def live_baseline(self) -> Baseline:
+        """The speedup's denominator: the turn's own one-token passes once it has enough (see
+        ``TurnStats.one_token_ms``; from its end on, the next turns' too), else the last
+        measured."""
+        ms = self.stats.one_token_ms() if self.stats is not None and self.running is not None else None
+        return Baseline(ms, STEPS_SOURCE) if ms else self.baseline
 
 
 def chat_sampling(target: str, temp: float | None = None, top_p: float | None = None, top_k: int | None = None,
