@@ -10,8 +10,10 @@ Routes (one model per backend; a route swaps its kernels in place, nothing else 
   torch-mkl            today's torch path: nn.Linear (MKL sgemm/sgemv), fused SDPA
   torch-mkl-packed     weights packed once for MKL's packed GEMM (torch.ops.mkl._mkl_linear, batch 8)
   torch-onednn         weights packed once for oneDNN (torch.ops.mkldnn), fused SDPA
-  torch-invariant      torchpath.invariant.make_batch_invariant: oneDNN packed, a lone row run as
-                       two, attention through oneDNN in key chunks (what --backend torch runs)
+  torch-invariant      torchpath.invariant.make_batch_invariant: oneDNN packed, q/k/v and gate/up
+                       fused into one product each, products padded to 4 rows, attention in
+                       256-key blocks (what --backend torch runs)
+  torch-invariant-unfused  the same with every projection its own product (before 2026-12-02)
   torch-rows           every row alone: n GEMVs per projection, n one-query SDPAs (invariant by
                        construction; the cost of n one-token passes less the per-pass overhead)
   mlx-cpupath          today's MLX CPU path (core.model.CpuPath, compiled)
@@ -54,7 +56,8 @@ from mlxspec.torchpath.load import to_torch
 
 from mlx_invariant import invariant_path
 
-TORCH_ROUTES = ("torch-mkl", "torch-mkl-packed", "torch-onednn", "torch-invariant", "torch-rows")
+TORCH_ROUTES = ("torch-mkl", "torch-mkl-packed", "torch-onednn", "torch-invariant", "torch-invariant-unfused",
+                "torch-rows")
 MLX_ROUTES = ("mlx-cpupath", "mlx-invariant", "mlx-blocks", "mlx-cpupath-wt")
 MAX_N = 8
 
@@ -85,6 +88,8 @@ class TorchRoutes:
                         self.slots.append((owner, name, {
                             "mkl": child, "mkl-packed": MklPacked(child.weight), "onednn": invariant.PackedLinear(child),
                             "rows": RowByRow(child.weight, child.bias)}))
+        # what make_batch_invariant fused (q, k, v; gate, up): only the invariant route runs them
+        self.fused = [(b.self_attn, b.self_attn.fused_qkv, b.mlp, b.mlp.fused_gate_up) for b in self.model.model.layers]
         head = self.model.model.embed_tokens.weight
         # plain callables: the model's packed_head is not a submodule
         self.heads = {"mkl": None, "mkl-packed": MklPacked(head).forward, "onednn": invariant.PackedWeight(head),
@@ -92,7 +97,10 @@ class TorchRoutes:
 
     def use(self, route: str) -> None:
         kind = route.removeprefix("torch-")
+        fused, kind = kind == "invariant", kind.removesuffix("-unfused")
         linear = "onednn" if kind == "invariant" else kind
+        for attn, qkv, mlp, gate_up in self.fused:
+            attn.fused_qkv, mlp.fused_gate_up = (qkv, gate_up) if fused else (None, None)
         for owner, name, modules in self.slots:
             setattr(owner, name, modules[linear])
         self.model.packed_head = self.heads[linear]

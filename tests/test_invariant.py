@@ -132,16 +132,24 @@ def test_chunked_attention_takes_a_mask_per_row():
     assert torch.allclose(invariant.chunked_attention(q, k, v, mask, 0.25), want, atol=1e-6, rtol=1e-5)
 
 
-def test_a_weight_changed_in_place_is_packed_again():
-    model = torch_twin()
+@pytest.mark.parametrize("name", ["mlp.down_proj.weight", "self_attn.k_proj.weight", "mlp.up_proj.weight",
+                                  "self_attn.v_proj.bias"])
+def test_a_weight_changed_in_place_is_packed_again(name):
+    """Every packed copy follows its weights, the fused ones (q, k, v; gate, up) too: the pass
+    after an in-place change is the pass of a model packed after it."""
+    family = FAMILIES["head_dim+bias"] if name.endswith("bias") else {}
+    model, fresh = torch_twin(**family), torch_twin(**family)
     invariant.make_batch_invariant(model)
     ids = torch.tensor([[3, 9, 4, 1]])
     with torch.inference_mode():
         before = model(ids, None)
     with torch.no_grad():
-        model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
+        for m in (model, fresh):
+            m.model.layers[1].get_parameter(name).mul_(1.5)
+    invariant.make_batch_invariant(fresh)
     with torch.inference_mode():
-        assert not torch.equal(model(ids, None), before)
+        after = model(ids, None)
+        assert not torch.equal(after, before) and torch.equal(after, fresh(ids, None))
 
 
 def test_parameters_keep_their_names_and_other_dtypes_are_left_alone():

@@ -106,16 +106,21 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm, self.k_norm = RMSNorm(hd, cfg.rms_norm_eps), RMSNorm(hd, cfg.rms_norm_eps)
         self.attend = sdpa  # (q, k, v, mask, scale) -> out; invariant.make_batch_invariant swaps it
+        self.fused_qkv: Any = None  # q, k and v as one product (invariant.fuse_projections), not a submodule
+        self.widths = [cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd]
 
     def forward(self, x, mask, cache: KVCache | None, rope: Rope, cos, sin) -> torch.Tensor:
         cfg = self.cfg
         B, L, _ = x.shape
-        q = self.q_proj(x).view(B, L, cfg.num_heads, -1)
-        k = self.k_proj(x).view(B, L, cfg.num_kv_heads, -1)
+        if self.fused_qkv is not None:
+            q, k, v = self.fused_qkv(x).split(self.widths, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = q.reshape(B, L, cfg.num_heads, -1), k.reshape(B, L, cfg.num_kv_heads, -1)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope.rotate(q.transpose(1, 2), cos, sin), rope.rotate(k.transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(B, L, cfg.num_kv_heads, -1).transpose(1, 2)
+        v = v.reshape(B, L, cfg.num_kv_heads, -1).transpose(1, 2)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         out = self.attend(q, k, v, mask, cfg.attn_scale)
@@ -129,9 +134,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = F.silu  # invariant.make_batch_invariant swaps it
+        self.fused_gate_up: Any = None  # gate and up as one product (invariant.fuse_projections)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused_gate_up is not None:
+            gate, up = self.fused_gate_up(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
 
 
 class Block(nn.Module):
