@@ -291,7 +291,7 @@ def _events(lm, drafter, ids, k, n=12):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("spec", ["none", "ngram:3", "self:8", "smollm2-135m-draft", "smollm2-135m-eagle"])
+@pytest.mark.parametrize("spec", ["none", "ngram:3", "self:8", "smollm2-135m-draft", "smollm2-135m-eagle", "default"])
 def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, spec):
     """Greedy on torch, any drafter and K = 1..8, emits MLX's target-only tokens; at K = 4
     every token's status (accepted, rejected, corrected, bonus) is the same on both backends."""
@@ -300,7 +300,8 @@ def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, 
     lm, tm = both
     ids = lm.tokenizer.encode(HELD_OUT[1])
     reference = [t for t, _ in _events(lm, None, ids, 1)]
-    drafter = make_drafter(spec, tm)
+    drafter = make_drafter(spec, tm)  # "default": the registry's cascade, made part by part for torch
+    assert spec != "default" or drafter.name == "ngram:3+smollm2-135m-eagle"
     for k in range(1, 9) if drafter is not None else [1]:
         got = _events(tm, drafter, ids, k)
         assert [t for t, s in got if s != "REJECTED"] == reference, f"K={k}"

@@ -83,6 +83,9 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
     model path (``LoadedModel`` target)."""
     if spec in ("none", ""):
         return None
+    if spec == "default":  # resolved first: the default may be a cascade, made part by part below
+        name = store.default_draft(target.name)
+        return make_drafter(name or DEFAULT_FALLBACK, target, dtype)
     if "+" in spec:  # a cascade: each part made for this target (and moved to its backend) on its own
         check_draft_spec(spec)
         return CascadeDrafter([make_drafter(part, target, dtype) for part in spec.split("+")], spec)
@@ -90,9 +93,6 @@ def make_drafter(spec: str, target, dtype: str = "auto") -> Drafter | None:
         from mlxspec.torchpath.load import drafter_on_torch  # imports torch, an optional extra
 
         return drafter_on_torch(make_drafter(spec, target.source, "float32"), target)
-    if spec == "default":
-        name = store.default_draft(target.name)
-        return make_drafter(name or DEFAULT_FALLBACK, target, dtype)
     if (n := counted(spec, "ngram", "3")) is not None:
         return NgramDrafter(n)
     if (n := counted(spec, "suffix", "8")) is not None:
