@@ -280,9 +280,12 @@ def cli_server():
     """``mlxspec serve -d none --port 0`` as a user runs it; stopped with Ctrl-C (SIGINT). Yields
     its URL, the process and the lines it has written to stderr so far: a thread reads them as
     they come, so a server that logs more than a pipe holds never blocks on a full pipe."""
-    # -X faulthandler: a SIGABRT makes it print every thread's stack (see the test's timeout)
+    # -X faulthandler: a SIGABRT makes it print every thread's stack (see the test's timeout).
+    # SIGINT as a terminal leaves it: a suite started in the background (`cmd &` in a script)
+    # ignores SIGINT, the server would inherit that, and Ctrl-C would never reach it.
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "mlxspec.cli", "serve", "-d", "none",
-                             "--port", "0"], stderr=subprocess.PIPE, text=True)
+                             "--port", "0"], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = proc.stderr.readline()
     url = re.search(r"on (http://127\.0\.0\.1:\d+/v1) ", line)
     assert url, line + proc.stderr.read()
@@ -489,7 +492,7 @@ def test_cli_server_target_only_then_ctrl_c(cli_server, expected):
     proc.send_signal(signal.SIGINT)
     try:
         code = proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # once in a CI run (not reproduced): say where it hangs
+    except subprocess.TimeoutExpired:  # say where it hangs
         proc.send_signal(signal.SIGABRT)
         proc.wait(timeout=10)
         time.sleep(1)
