@@ -107,7 +107,8 @@ class PackedLinear(nn.Linear):
 def fuse_projections(linears: Sequence[nn.Linear]) -> PackedWeight:
     """One ``PackedWeight`` for projections that read the same input (q, k, v; gate, up): a
     oneDNN call costs ~0.1 ms on top of its arithmetic here, so one product for three or two
-    made the one-token pass ~14% cheaper, with the same bits in every column."""
+    made the one-token pass 0.88x as long (41.1 ms against 46.7, BENCHMARKS.md), with the same
+    bits in every column."""
     return PackedWeight([m.weight for m in linears], [m.bias for m in linears])
 
 

@@ -95,14 +95,16 @@ class FeatureSet:
                 sizes.append((int(z["lengths"].sum()), len(z["lengths"]), "aux" in z.files))
         fields = [*PER_POSITION, *PER_EXAMPLE] + (["aux"] if all(aux for *_, aux in sizes) else [])
         rows = {f: sum(e if f in PER_EXAMPLE else n for n, e, _ in sizes) for f in fields}
-        with _opened(paths[0]) as z:  # the widths and dtypes
-            out = {f: np.empty((rows[f], *z[f].shape[1:]), z[f].dtype) for f in fields}
+        out: dict[str, np.ndarray] = {}  # allocated from the first shard's widths and dtypes
         categories: list[str] = []
         n = e = 0
         for path, (dn, de, _) in zip(paths, sizes):
             with _opened(path) as z:
-                for f, arr in out.items():
-                    arr[slice(e, e + de) if f in PER_EXAMPLE else slice(n, n + dn)] = z[f]
+                for f in fields:
+                    part = z[f]
+                    if f not in out:
+                        out[f] = np.empty((rows[f], *part.shape[1:]), part.dtype)
+                    out[f][slice(e, e + de) if f in PER_EXAMPLE else slice(n, n + dn)] = part
                 categories += [str(c) for c in z["categories"]]
             n, e = n + dn, e + de
         return cls(*(out[f] for f in (*PER_POSITION, *PER_EXAMPLE)), categories, meta, out.get("aux"))
