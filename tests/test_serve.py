@@ -282,10 +282,16 @@ def cli_server():
     they come, so a server that logs more than a pipe holds never blocks on a full pipe."""
     # -X faulthandler: a SIGABRT makes it print every thread's stack (see the test's timeout).
     # SIGINT as a terminal leaves it: a suite started in the background (`cmd &` in a script)
-    # ignores SIGINT, the server would inherit that, and Ctrl-C would never reach it.
-    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "mlxspec.cli", "serve", "-d", "none",
-                             "--port", "0"], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # ignores SIGINT, and a child inherits an ignored signal, so Ctrl-C would never reach it. A
+    # handled one becomes the default in the child, so the suite handles SIGINT while it forks.
+    # (Not preexec_fn: Python code between fork and exec can deadlock in a process with threads,
+    # and this one has the other servers' threads; that hung a CI run at this fixture.)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "mlxspec.cli", "serve", "-d", "none",
+                                 "--port", "0"], stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     line = proc.stderr.readline()
     url = re.search(r"on (http://127\.0\.0\.1:\d+/v1) ", line)
     assert url, line + proc.stderr.read()
