@@ -14,6 +14,8 @@ Routes (one model per backend; a route swaps its kernels in place, nothing else 
                        fused into one product each, products padded to 4 rows, attention in
                        256-key blocks (what --backend torch runs)
   torch-invariant-unfused  the same with every projection its own product (before 2026-12-02)
+  torch-int4           the file's 4-bit layers on torch's int4 kernel (torchpath.int4, --dtype quantized),
+                       bfloat16 products, the rest as torch-invariant: another target (not float32)
   torch-rows           every row alone: n GEMVs per projection, n one-query SDPAs (invariant by
                        construction; the cost of n one-token passes less the per-pass overhead)
   mlx-cpupath          today's MLX CPU path (core.model.CpuPath, compiled)
@@ -57,7 +59,7 @@ from mlxspec.torchpath.load import to_torch
 from mlx_invariant import invariant_path
 
 TORCH_ROUTES = ("torch-mkl", "torch-mkl-packed", "torch-onednn", "torch-invariant", "torch-invariant-unfused",
-                "torch-rows")
+                "torch-int4", "torch-rows")
 MLX_ROUTES = ("mlx-cpupath", "mlx-invariant", "mlx-blocks", "mlx-cpupath-wt")
 MAX_N = 8
 
@@ -152,6 +154,18 @@ def attend_rows(q: Any, k: Any, v: Any, mask: Any, scale: float) -> Any:
         keys = mask[i].nonzero()[:, 0]
         outs.append(invariant.sdpa(q[:, :, i:i + 1], k.index_select(2, keys), v.index_select(2, keys), None, scale))
     return torch.cat(outs, dim=2)
+
+
+class Int4Route:
+    """The quantized target on torch (``--dtype quantized``): its own model, nothing to swap."""
+
+    def __init__(self):
+        self.model = loading.load("default", "quantized", backend="torch:cpu").model
+
+    def use(self, route: str) -> None:
+        pass
+
+    tokens, run = TorchRoutes.tokens, TorchRoutes.run
 
 
 # ----------------------------------------------------------------------------- MLX routes
@@ -257,6 +271,8 @@ def main() -> None:
             torch.set_num_threads(args.threads)
         tr = TorchRoutes(lm)
         backends.update({r: tr for r in routes if r.startswith("torch")})
+        if "torch-int4" in routes:
+            backends["torch-int4"] = Int4Route()
     if any(r.startswith("mlx") for r in routes):
         mr = MlxRoutes(lm)
         backends.update({r: mr for r in routes if r.startswith("mlx")})

@@ -203,7 +203,7 @@ def bench(
     backend: str = BackendOpt,
     device: Optional[str] = DeviceOpt,
     torch_on: Optional[bool] = typer.Option(None, "--torch/--no-torch", help="With --baseline: also time mlxspec on PyTorch, one column per --torch-dtype (default: on when torch is installed)."),
-    torch_dtypes: Optional[list[str]] = typer.Option(None, "--torch-dtype", help="With --baseline: torch dtypes timed beside float32 (repeatable; default: float32 on CPU, the fastest that keeps MLX's greedy tokens here)."),
+    torch_dtypes: Optional[list[str]] = typer.Option(None, "--torch-dtype", help="With --baseline: torch dtypes timed beside float32 (repeatable; default: the device's own, on a CPU quantized: the file's 4-bit weights on torch's int4 kernel)."),
     torch_device: str = typer.Option("cpu", "--torch-device", help="With --baseline: the torch device (cpu, cuda, mps)."),
     torch_threads: Optional[list[int]] = typer.Option(None, "--torch-threads", help="With --baseline: torch CPU threads (default: torch's own); repeat to time one column per setting in the same run."),
     busy: int = typer.Option(0, "--busy", help="Keep N cores busy with other processes (a spinning Python loop each) while measuring: speed under load. Every result records the share of the CPUs other processes used (header.others_busy)."),
@@ -306,6 +306,10 @@ def parity(
     device = pick_device(device)
     from mlxspec.torchpath.load import torch_dtype
 
+    if dtype == "quantized":
+        raise MlxspecError("parity compares torch with its MLX source in float or half precision; --dtype quantized "
+                           "runs the file's 4-bit weights with bfloat16 products, another target (choose auto, "
+                           "float32, float16 or bfloat16)")
     torch_dtype(dtype, device)
     options = pa.ParityOptions(model, device, dtype, ks=parse_ks(ks), drafters=pa.parse_drafters(draft),
                                prompts=prompts, max_tokens=max_tokens, draws=draws, seed=seed,

@@ -26,8 +26,8 @@ KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft token
 RemeasureOpt = typer.Option(False, "--remeasure-cost", help="--k auto: measure this machine's verify-cost curve for the model again (cached in $MLXSPEC_HOME/costcurves).")
 TreeOpt = typer.Option(None, "--tree", show_default=False, help="Draft a token tree instead of a chain: DxB, depth D, each node's top-B children (e.g. 3x2); DxB:sample, B children drawn from the draft at T > 0 and verified by multi-round rejection; or auto (grown by draft probability, as many nodes verified as this machine's verify-cost curve says pay); verified in one target pass, exact at any temperature.")
 TreeNodesOpt = typer.Option(None, "--tree-nodes", show_default=False, help="Cap the --tree at N nodes, breadth first (1..64; default: the whole tree, 16 for auto).")
-DtypeOpt = typer.Option("auto", help="Weights: auto (float32 on CPU, quantized on GPU), float32, float16, bfloat16, quantized.")
-BackendOpt = typer.Option("auto", "--backend", help="auto, mlx, or torch: the same engine on PyTorch (needs the torch extra of mlxspec; llama-type models). auto: torch float32 on a Linux or Windows CPU where it is installed and runs the model (about 2x MLX's CPU backend there), MLX otherwise and always on Apple silicon.")
+DtypeOpt = typer.Option("auto", help="Weights: auto (as the file stores them where that runs fast: on the GPU, and on a Linux CPU through torch's int4 kernel with bfloat16 products; float32 on MLX's CPU backend), float32, float16, bfloat16, quantized.")
+BackendOpt = typer.Option("auto", "--backend", help="auto, mlx, or torch: the same engine on PyTorch (needs the torch extra of mlxspec; llama-type models). auto: torch on a Linux or Windows CPU where it is installed and runs the model (the file's 4-bit layers on its int4 kernel: about 3x MLX's CPU backend there), MLX otherwise and always on Apple silicon.")
 DeviceOpt = typer.Option(None, "--device", show_default=False, help="With --backend torch: cpu, cuda or mps (default: the best this machine has).")
 
 TempOpt = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy.")

@@ -132,8 +132,8 @@ def test_torch_columns_option(monkeypatch):
         bench.torch_columns(True)
     monkeypatch.setattr(importlib.util, "find_spec", real)
     pytest.importorskip("torch", reason="torch is an optional extra")
-    assert bench.torch_columns(None) == (("float32",), None)  # torchpath.default_dtype("cpu")
-    assert bench.torch_columns(True, ["auto", "bfloat16", "float32"])[0] == ("float32", "bfloat16")
+    assert bench.torch_columns(None) == (("float32", "quantized"), None)  # and torchpath.default_dtype("cpu")
+    assert bench.torch_columns(True, ["auto", "bfloat16", "float32"])[0] == ("float32", "quantized", "bfloat16")
     with pytest.raises(MlxspecError, match="--torch-dtype"):
         bench.torch_columns(True, ["int8"])
 
@@ -457,7 +457,9 @@ def test_spec_bench_on_torch_against_mlx_lm_target_only():
                                                 categories=["qa"], per_category=1, max_tokens=6, warmup=0,
                                                 repeats=1, with_mlx_lm=True, peer_draft="none"))
     data = result.to_json()
-    assert data["mlx_lm"]["description"] == "mlx-lm stream_generate, target-only (no draft model)"
+    # the default torch target runs the file's 4-bit layers; mlx-lm's peer gets them in float32
+    assert tl.dtype == "quantized" and data["mlx_lm"]["description"] == (
+        "mlx-lm stream_generate, target-only (no draft model), the weights in float32 (mlx-lm's fastest on this CPU)")
     (peer,) = [r for r in data["runs"] if r["method"] == "mlx_lm"]
     assert 0 < peer["generated_tokens"] <= 6 and set(peer["drafted"]) == {0} and set(peer["accepted"]) == {0}
     assert any("mlxspec / mlx-lm target-only = " in v["text"] for v in data["verdicts"])

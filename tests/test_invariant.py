@@ -13,16 +13,16 @@ import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
 
 from mlxspec.core import engine  # noqa: E402
-from mlxspec.core.cache import rewind  # noqa: E402
 from mlxspec.core.drafters import ModelDrafter  # noqa: E402
 from mlxspec.core.events import Step  # noqa: E402
 from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
 from mlxspec.core.sampling import SamplingParams  # noqa: E402
 from mlxspec.torchpath import invariant  # noqa: E402
 from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
-from tiny import TWIN_BASE, TWIN_FAMILIES  # noqa: E402
+from tiny import TWIN_BASE, TWIN_FAMILIES, torch_rows_equal_one_token_passes  # noqa: E402
 
 BASE = TWIN_BASE
+TOKENS = [11, 4, 30, 2, 47, 19, 8, 25]
 FAMILIES = {
     **TWIN_FAMILIES,
     "no-gqa": dict(num_kv_heads=4),  # one query row per key head: padded to MIN_ROWS
@@ -38,29 +38,13 @@ def torch_twin(seed: int = 0, **family) -> TorchLlama:
     return TorchLlama.from_mlx(m)
 
 
-def rows_equal_one_token_passes(model, context: list[int], tokens: list[int]) -> list[list[bool]]:
-    """For n = 1..len(tokens): whether each row of one pass over tokens[:n] (after ``context``)
-    equals, bitwise, the one-token pass that decodes tokens[i] at that position."""
-    with torch.inference_mode():
-        cache = model.make_cache()
-        model(torch.tensor([context]), cache)
-        singles = [model(torch.tensor([[t]]), cache)[0, 0] for t in tokens]
-        rewind(cache, len(tokens))
-        out = []
-        for n in range(1, len(tokens) + 1):
-            rows = model(torch.tensor([tokens[:n]]), cache)[0]
-            rewind(cache, n)
-            out.append([torch.equal(rows[i], singles[i]) for i in range(n)])
-        return out
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("context", [1, 5, 252])  # 252 + 8 crosses a KEY_BLOCK of keys
 def test_every_row_equals_the_one_token_pass_bitwise(family, context):
     model = torch_twin(**FAMILIES[family])
     assert invariant.make_batch_invariant(model)
     ctx = [(7 * i + 3) % 48 for i in range(context)]
-    got = rows_equal_one_token_passes(model, ctx, [11, 4, 30, 2, 47, 19, 8, 25])
+    got = torch_rows_equal_one_token_passes(model, ctx, TOKENS)
     assert all(all(r) for r in got), got
 
 
@@ -72,7 +56,7 @@ def test_invariant_at_other_thread_counts(threads):
     try:
         model = torch_twin(2)
         invariant.make_batch_invariant(model)
-        got = rows_equal_one_token_passes(model, [(3 * i + 1) % 48 for i in range(252)], [11, 4, 30, 2, 47, 19, 8, 25])
+        got = torch_rows_equal_one_token_passes(model, [(3 * i + 1) % 48 for i in range(252)], TOKENS)
     finally:
         torch.set_num_threads(before)
     assert all(all(r) for r in got), got
@@ -98,7 +82,7 @@ def test_greedy_speculation_emits_the_target_only_tokens():
 def test_the_plain_path_is_not_batch_invariant():
     """The check above can fail: today's kernels (MKL, fused attention) give other bits."""
     model = torch_twin(**FAMILIES["long-down"])
-    got = rows_equal_one_token_passes(model, [(7 * i + 3) % 48 for i in range(40)], [11, 4, 30, 2, 47, 19, 8, 25])
+    got = torch_rows_equal_one_token_passes(model, [(7 * i + 3) % 48 for i in range(40)], TOKENS)
     assert not all(all(r) for r in got)
 
 
@@ -169,5 +153,25 @@ def test_real_model_rows_equal_one_token_passes_bitwise(lm):
     model = to_torch(lm, "float32", "cpu").model  # float32 on the CPU: the invariant kernels
     assert model.batch_invariant
     ctx = lm.tokenizer.encode("Explain in two sentences why the moon has phases. " * 12)[:250]
-    got = rows_equal_one_token_passes(model, ctx, lm.tokenizer.encode(" The moon orbits the Earth every month")[:8])
+    tokens = lm.tokenizer.encode(" The moon orbits the Earth every month")[:8]
+    got = torch_rows_equal_one_token_passes(model, ctx, tokens)
     assert all(all(r) for r in got), got
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_a_drafts_linears_packed_keep_their_names_and_its_output(dtype, tol):
+    """``pack_linears`` (a drafter's products through oneDNN, q/k/v and gate/up fused) is a
+    speed change only: the same parameters, the same logits to the packed dtype's rounding."""
+    model = torch_twin(4, **FAMILIES["head_dim+bias"])
+    names = list(model.state_dict())
+    ids = torch.tensor([[(3 * i + 2) % 48 for i in range(30)]])
+    with torch.inference_mode():
+        plain = model(ids, model.make_cache())
+        assert invariant.pack_linears(model, dtype)
+        packed = model(ids, model.make_cache())
+    assert list(model.state_dict()) == names
+    assert isinstance(model.model.layers[0].self_attn.q_proj, invariant.PackedLinear)
+    assert model.model.layers[0].mlp.fused_gate_up.dtype == dtype
+    assert packed.dtype == torch.float32
+    assert float((plain - packed).abs().max() / plain.abs().max()) < tol
+    assert not invariant.pack_linears(torch_twin().to(torch.float16))

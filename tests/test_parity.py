@@ -34,7 +34,7 @@ def tl():
 
     if not store.entry(store.default_target()).present:
         pytest.fail("default model missing: run `make setup` (or `mlxspec models pull`) first")
-    return load("default", backend="torch:cpu")
+    return load("default", "float32", backend="torch:cpu")
 
 
 @pytest.fixture(scope="module")

@@ -288,8 +288,10 @@ def cli_server():
     # and this one has the other servers' threads; that hung a CI run at this fixture.)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        # --backend mlx: the replies are checked against the MLX engine's (the default here, torch's
+        # 4-bit target, is another target: tests/test_int4.py)
         proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "mlxspec.cli", "serve", "-d", "none",
-                                 "--port", "0"], stderr=subprocess.PIPE, text=True)
+                                 "--backend", "mlx", "--port", "0"], stderr=subprocess.PIPE, text=True)
     finally:
         signal.signal(signal.SIGINT, previous)
     line = proc.stderr.readline()

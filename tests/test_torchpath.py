@@ -262,7 +262,7 @@ def test_the_torch_check_catches_a_wrong_threshold(pair, monkeypatch):
 def both():
     from mlxspec.targets.loading import load
 
-    return load("default"), load("default", backend="torch:cpu")
+    return load("default"), load("default", "float32", backend="torch:cpu")  # the float32 twin of MLX's
 
 
 HELD_OUT = ["Explain in two sentences why the moon has phases.",
@@ -292,10 +292,12 @@ def _events(lm, drafter, ids, k, n=12):
 
 @pytest.mark.model
 @pytest.mark.parametrize("spec", ["none", "ngram:3", "self:8", "smollm2-135m-draft", "smollm2-135m-eagle", "default"])
-def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, spec):
-    """Greedy on torch, any drafter and K = 1..8, emits MLX's target-only tokens; at K = 4
-    every token's status (accepted, rejected, corrected, bonus) is the same on both backends."""
+def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, spec, monkeypatch):
+    """Greedy on torch, any drafter and K = 1..8, emits MLX's target-only tokens; at K = 4, with
+    the draft's products in float32 as on MLX, every token's status (accepted, rejected,
+    corrected, bonus) is the same on both backends."""
     from mlxspec.targets.drafts import make_drafter
+    from mlxspec.torchpath import load as torch_load
 
     lm, tm = both
     ids = lm.tokenizer.encode(HELD_OUT[1])
@@ -305,8 +307,10 @@ def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, 
     for k in range(1, 9) if drafter is not None else [1]:
         got = _events(tm, drafter, ids, k)
         assert [t for t, s in got if s != "REJECTED"] == reference, f"K={k}"
-    if drafter is not None:
-        assert _events(tm, drafter, ids, 4) == _events(lm, make_drafter(spec, lm), ids, 4)
+    if drafter is not None:  # by default a draft's products run in bfloat16 (torch_load.draft_dtype)
+        monkeypatch.setattr(torch_load, "draft_dtype", lambda: torch.float32)
+        assert _events(tm, make_drafter(spec, tm), ids, 4) == _events(lm, make_drafter(spec, lm), ids, 4)
+        monkeypatch.undo()
     if spec in ("smollm2-135m-draft", "smollm2-135m-eagle"):  # trees: masks, positions, compaction on torch
         for tree in (parse_tree("2x2"), parse_tree("auto", 6)):
             got = []

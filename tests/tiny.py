@@ -154,3 +154,24 @@ def assert_torch_objectives_equal_mlx(head, twin, batch: dict, cfg, lam: float) 
     for name, p in twin.named_parameters():
         g = np.array(flat_grads[name])
         np.testing.assert_allclose(p.grad.numpy(), g, rtol=2e-3, atol=2e-5 * max(np.abs(g).max(), 1e-3), err_msg=name)
+
+
+def torch_rows_equal_one_token_passes(model, context: list[int], tokens: list[int]) -> list[list[bool]]:
+    """For a torch model and n = 1..len(tokens): whether each row of one pass over tokens[:n]
+    (after ``context``) equals, bitwise, the one-token pass that decodes tokens[i] at that
+    position (the batch-invariance checks of test_invariant and test_int4)."""
+    import torch
+
+    from mlxspec.core.cache import rewind
+
+    with torch.inference_mode():
+        cache = model.make_cache()
+        model(torch.tensor([context]), cache)
+        singles = [model(torch.tensor([[t]]), cache)[0, 0] for t in tokens]
+        rewind(cache, len(tokens))
+        out = []
+        for n in range(1, len(tokens) + 1):
+            rows = model(torch.tensor([tokens[:n]]), cache)[0]
+            rewind(cache, n)
+            out.append([torch.equal(rows[i], singles[i]) for i in range(n)])
+        return out

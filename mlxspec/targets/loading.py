@@ -28,7 +28,7 @@ from mlxspec.targets.gguf import check_gguf
 from mlxspec.targets import mlxlm, store
 from mlxspec.targets.mlxlm import MlxLmTarget
 from mlxspec.targets.tokenizer import tokenizer_from_gguf
-from mlxspec.torchpath import prefer_torch, require_torch, split_backend
+from mlxspec.torchpath import prefer_torch, require_torch, split_backend, torch_may_run
 
 SUPPORTED_GGUF_ARCHS = ("llama",)
 SUPPORTED_MLX_LM_TYPES = NATIVE_FAMILIES
@@ -74,6 +74,8 @@ class LoadedModel:
         (with tied embeddings the whole matrix is read once, as the LM head)."""
         if self.backend != "mlx":
             sizes = {k: v.numel() * v.element_size() for k, v in self.model.named_parameters()}
+            # the file's 4-bit layers (torchpath.int4) hold no parameters: what their kernel reads
+            sizes |= {name: m.kernel_bytes for name, m in self.model.named_modules() if hasattr(m, "kernel_bytes")}
         else:
             sizes = {k: v.nbytes for k, v in tree_flatten(self.model.parameters())}
         total = sum(sizes.values())
@@ -474,18 +476,23 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
     (the same weights copied into torch's llama module; ``torchpath.load``), or "auto"
     (``torchpath.prefer_torch``: torch on a Linux CPU where it is installed, else MLX)."""
     if backend == "auto":
-        source = load(spec, dtype)
-        if source.dtype != "float32" or not prefer_torch(source.model, dtype):
-            return source
+        # where torch will run it (a Linux CPU), read the file's quantized layers as stored: the
+        # torch target runs them on its int4 kernel (torchpath.int4), MLX's CPU backend would not
+        guess = "quantized" if dtype == "auto" and torch_may_run() else dtype
+        source = load(spec, guess)
+        if source.dtype not in ("float32", "quantized") or not prefer_torch(source.model, dtype):
+            return source if guess == dtype else load(spec, dtype)
         from mlxspec.torchpath.load import to_torch
 
-        return to_torch(source, dtype, "cpu")
+        return to_torch(source, guess, "cpu")
     if backend != "mlx":
-        device = split_backend(backend)
         require_torch()
-        from mlxspec.torchpath.load import to_torch  # imports torch, an optional extra
+        from mlxspec.torchpath import pick_device
+        from mlxspec.torchpath.load import to_torch, torch_dtype  # imports torch, an optional extra
 
-        return to_torch(load(spec, "float32"), dtype, device)
+        device = pick_device(split_backend(backend))
+        dtype = torch_dtype(dtype, device)
+        return to_torch(load(spec, "quantized" if dtype == "quantized" else "float32"), dtype, device)
     dtype = resolve_dtype(dtype)
     name, path = resolve(spec)
     if path.is_dir():

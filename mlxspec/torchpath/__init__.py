@@ -41,19 +41,29 @@ def backend_spec(backend: str, device: str | None) -> str:
     return "torch" if device in (None, "auto") else f"torch:{device}"
 
 
-def prefer_torch(model: Any, dtype: str) -> bool:
-    """``--backend auto``: torch on the CPU of a Linux or Windows machine where it is installed
-    and implements the model (llama-type blocks), MLX everywhere else. On this kind of CPU torch
-    float32 decodes SmolLM2-135M a little faster than MLX's CPU backend with the same greedy
-    tokens, and its flat verify pass makes the default drafter pay more (BENCHMARKS, "The default
-    configuration"); on Apple silicon MLX runs on the GPU."""
-    if sys.platform == "darwin" or dtype not in ("auto", "float32") or importlib.util.find_spec("torch") is None:
+def torch_may_run(dtype: str = "auto") -> bool:
+    """What ``prefer_torch`` can tell without the model: not on a Mac, MLX on its CPU, torch
+    installed, a dtype the torch CPU target takes."""
+    if sys.platform == "darwin" or dtype not in ("auto", "float32", "quantized"):
+        return False
+    if importlib.util.find_spec("torch") is None:
         return False
     import mlx.core as mx
 
+    return mx.default_device() == mx.cpu
+
+
+def prefer_torch(model: Any, dtype: str) -> bool:
+    """``--backend auto``: torch on the CPU of a Linux or Windows machine where it is installed
+    and implements the model (llama-type blocks), MLX everywhere else. On this kind of CPU torch
+    runs the file's 4-bit layers on its int4 kernel, which MLX's CPU backend cannot do fast, and
+    its verify pass is batch-invariant (BENCHMARKS, "The default configuration"); on Apple
+    silicon MLX runs on the GPU."""
+    if not torch_may_run(dtype):
+        return False
     from mlxspec.core.model import Llama
 
-    if mx.default_device() != mx.cpu or not isinstance(model, Llama):  # not one mlx-lm's class runs
+    if not isinstance(model, Llama):  # not one mlx-lm's class runs
         return False
     from mlxspec.torchpath.model import check_supported
 
@@ -107,8 +117,10 @@ def pick_device(device: str | None) -> str:
 
 
 def default_dtype(device: str) -> str:
-    """float32 on the CPU (exact enough to match MLX to 1e-4); half precision on accelerators,
-    bfloat16 where the device has it, as the MLX path runs half or 4-bit on the GPU."""
+    """On the CPU the file's weights as stored ("quantized": 4-bit layers on torch's int4 kernel,
+    ``torchpath.int4``; a file without them runs float32): 1.7-1.9x float32's speed on the
+    default model (BENCHMARKS). Half precision on accelerators, bfloat16 where the device has
+    it, as the MLX path runs half or 4-bit on the GPU."""
     if device == "cpu":
-        return "float32"
+        return "quantized"
     return "bfloat16" if device == "cuda" else "float16"

@@ -34,6 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlxspec.torchpath import int4
+from mlxspec.torchpath.int4 import Int4Linear, Int4Weight
+
 # Products get at least this many rows (zero rows padded, their outputs dropped). MKL's GEMM
 # rows agree from 4 rows up (see ``_batched``); oneDNN's from 2 (its one-row path sums long rows
 # in another order), and in a whole pass its kernel for 4 rows costs less than the one for 1 or
@@ -61,10 +64,11 @@ class PackedWeight:
     its own product gives (``fuse_projections``)."""
 
     def __init__(self, weight: torch.Tensor | Sequence[torch.Tensor],
-                 bias: torch.Tensor | Sequence[torch.Tensor | None] | None = None, min_rows: int = MIN_ROWS):
+                 bias: torch.Tensor | Sequence[torch.Tensor | None] | None = None, min_rows: int = MIN_ROWS,
+                 dtype: torch.dtype = torch.float32):
         self.weights = (weight,) if isinstance(weight, torch.Tensor) else tuple(weight)
         self.biases = (bias,) if bias is None or isinstance(bias, torch.Tensor) else tuple(bias)
-        self.min_rows = min_rows
+        self.min_rows, self.dtype = min_rows, dtype  # dtype: of the packed copy and the product's input
         self.packed, self.bias, self.packed_versions = None, None, None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,8 +82,8 @@ class PackedWeight:
         n = rows.shape[0]
         if n < self.min_rows:  # see MIN_ROWS: zero rows, whose outputs are dropped
             rows = F.pad(rows, (0, 0, 0, self.min_rows - n))
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out[:n].reshape(*x.shape[:-1], out.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(rows.to(self.dtype), self.packed, self.bias, "none", [], "")
+        return out[:n].to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
 
     def _pack(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         weight = torch.cat([w.detach() for w in self.weights]) if len(self.weights) > 1 else self.weights[0].detach()
@@ -87,38 +91,64 @@ class PackedWeight:
         if any(b is not None for b in self.biases):
             bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0])
                               for w, b in zip(self.weights, self.biases)])
-        return torch.ops.mkldnn._reorder_linear_weight(weight), bias
+        bias = None if bias is None else bias.to(self.dtype)
+        return torch.ops.mkldnn._reorder_linear_weight(weight.to(self.dtype)), bias
 
 
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` whose forward is a ``PackedWeight``'s; its parameters are the replaced
     module's own, under the same names."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.kernel = PackedWeight(linear.weight, linear.bias)
+        self.kernel = PackedWeight(linear.weight, linear.bias, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel(x)
 
 
-def fuse_projections(linears: Sequence[nn.Linear]) -> PackedWeight:
-    """One ``PackedWeight`` for projections that read the same input (q, k, v; gate, up): a
-    oneDNN call costs ~0.1 ms on top of its arithmetic here, so one product for three or two
-    made the one-token pass 0.88x as long (41.1 ms against 46.7, BENCHMARKS.md), with the same
-    bits in every column."""
-    return PackedWeight([m.weight for m in linears], [m.bias for m in linears])
+def pack_linears(module: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
+    """Every ``nn.Linear`` inside ``module`` (a drafter's) through oneDNN on weights packed once
+    (in ``dtype``), q, k, v and gate, up fused, for speed alone: MKL's one-row product on a
+    small weight costs far more than its arithmetic here (the eagle head's 8,192 x 576 head 1.7
+    ms against oneDNN's 0.22, a whole head step 3.6 ms against 1.7), and packed, a head step is
+    its weights' bytes (36 MB in float32). Inference only: the packed product has no gradient.
+    False (nothing changed) where packing does not apply."""
+    linears = [(owner, name, child) for owner in module.modules() for name, child in owner.named_children()
+               if type(child) is nn.Linear]
+    if not linears or not packing_available(linears[0][2].weight):
+        return False
+    for owner, name, child in linears:
+        setattr(owner, name, PackedLinear(child, dtype))
+    for owner in module.modules():  # torchpath.model's Attention and MLP: one product for q, k, v; gate, up
+        if hasattr(owner, "fused_qkv"):
+            owner.fused_qkv = fuse_projections([owner.q_proj, owner.k_proj, owner.v_proj], dtype)
+        if hasattr(owner, "fused_gate_up"):
+            owner.fused_gate_up = fuse_projections([owner.gate_proj, owner.up_proj], dtype)
+    return True
+
+
+def fuse_projections(linears: Sequence[nn.Module],
+                     dtype: torch.dtype = torch.float32) -> PackedWeight | Int4Weight | None:
+    """One product for projections that read the same input (q, k, v; gate, up): a oneDNN
+    call costs ~0.1 ms on top of its arithmetic here, so one product for three or two made the
+    one-token pass 0.88x as long (41.1 ms against 46.7, BENCHMARKS.md), with the same bits in
+    every column. The file's 4-bit layers fuse into one int4 product; a mix of 4-bit and float
+    layers does not fuse (None)."""
+    if any(isinstance(m, Int4Linear) for m in linears):
+        return int4.fuse(linears)
+    return PackedWeight([m.weight for m in linears], [m.bias for m in linears], dtype=dtype)
 
 
 def make_batch_invariant(model: nn.Module) -> bool:
     """Switch a torch ``Llama`` (``torchpath.model``) to the row-invariant kernels in place:
     every block's projections packed for oneDNN (q, k and v as one product, gate and up as
-    another), ``chunked_attention``, the head packed too.
+    another; the file's 4-bit layers stay ``int4``'s row-invariant kernel, fused the same way),
+    ``chunked_attention``, the head packed too.
     False (nothing changed) where oneDNN packing does not apply (not float32 on the CPU)."""
-    head = model.lm_head.weight if hasattr(model, "lm_head") else model.model.embed_tokens.weight
-    if not packing_available(head):
+    if not packing_available(model.model.embed_tokens.weight):
         return False
     for block in model.model.layers:
         for owner in (block.self_attn, block.mlp):
@@ -130,7 +160,11 @@ def make_batch_invariant(model: nn.Module) -> bool:
         mlp.fused_gate_up = fuse_projections([mlp.gate_proj, mlp.up_proj])
         attn.attend = chunked_attention
         mlp.act = padded_silu
-    model.packed_head = PackedWeight(head)
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, Int4Linear):
+        model.packed_head = head.kernel
+    else:
+        model.packed_head = PackedWeight(model.model.embed_tokens.weight if head is None else head.weight)
     model.batch_invariant = True
     return True
 

@@ -16,7 +16,8 @@ from mlxspec.core.model import Llama as MlxLlama
 from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import default_dtype, pick_device
 from mlxspec.torchpath import ops as torch_ops
-from mlxspec.torchpath.invariant import make_batch_invariant
+from mlxspec.torchpath.int4 import Int4Linear
+from mlxspec.torchpath.invariant import make_batch_invariant, pack_linears
 from mlxspec.torchpath.model import DTYPES, DraftModel, Eagle3Head as TorchEagle3Head, EagleHead as TorchEagleHead, Llama
 from mlxspec.torchpath.threads import ThreadGovernor
 
@@ -24,29 +25,56 @@ from mlxspec.torchpath.threads import ThreadGovernor
 def torch_dtype(dtype: str, device: str) -> str:
     if dtype == "auto":
         return default_dtype(device)
+    if dtype == "quantized" and device == "cpu":  # the file's 4-bit weights in torch's int4 kernel (torchpath.int4)
+        return dtype
     if dtype not in DTYPES:
-        raise MlxspecError(f"--dtype {dtype} is not available on the torch backend; choose auto, {', '.join(DTYPES)}")
+        choices = ", ".join(("auto", *DTYPES, *(("quantized",) if device == "cpu" else ())))
+        raise MlxspecError(f"--dtype {dtype} is not available on the torch backend ({device}); choose {choices}")
     return dtype
 
 
 def to_torch(source: Any, dtype: str = "auto", device: str | None = None) -> Any:
-    """A ``LoadedModel`` read by ``loading.load`` in float32, moved onto torch: the same
-    weights, on ``device`` (None: the best here), in ``dtype`` (auto: per device). In float32
-    on the CPU the target runs ``invariant``'s kernels: a verify pass's rows have the bits of
+    """A ``LoadedModel`` read by ``loading.load`` in float32 (or "quantized", for dtype
+    "quantized": its 4-bit layers as stored, ``int4``), moved onto torch: the same weights, on
+    ``device`` (None: the best here), in ``dtype`` (auto: per device). On the CPU the target
+    runs ``invariant``'s kernels: a verify pass's rows have the bits of
     the one-token passes, its cost grows less with the tokens, and the one-token pass costs no
     more (benchmarks/notes/2026-12-01-verify-routes.md)."""
     device = pick_device(device)
-    dtype = torch_dtype(dtype, device)
+    requested, dtype = dtype, torch_dtype(dtype, device)
+    if dtype == "quantized" and source.dtype != "quantized" and requested == "auto":
+        dtype = "float32"  # auto takes the weights as they were read
+    if (dtype == "quantized") != (source.dtype == "quantized"):
+        raise MlxspecError(f"a {source.dtype} model cannot become a {dtype} one on torch: load it as "
+                           + ("quantized" if dtype == "quantized" else "float32"))
     governor = ThreadGovernor(torch) if device == "cpu" else None  # it watches the load while the weights copy
     model = Llama.from_mlx(source.model, device, dtype)
     model.threads = governor
     make_batch_invariant(model)
+    if dtype == "quantized" and not any(isinstance(m, Int4Linear) for m in model.modules()):
+        dtype = "float32"  # nothing stored in 4 bits the kernel takes: every layer became float32
     return replace(source, model=model, dtype=dtype, backend=f"torch:{device}", source=source)
 
 
 def drafter_on_torch(drafter: Any, target: Any) -> Any:
     """The torch twin of a drafter made for ``target.source`` (the MLX model ``target`` was
-    copied from): the same weights, the same cache discipline, torch's arrays."""
+    copied from): the same weights, the same cache discipline, torch's arrays; on the CPU its
+    own products packed for oneDNN (``invariant.pack_linears``), in bfloat16 where oneDNN has it."""
+    twin = _twin(drafter, target)
+    model = getattr(twin, "head", None) or getattr(twin, "model", None)
+    if model is not None and model is not target.model:  # self:L runs the target's own blocks
+        pack_linears(model, draft_dtype())
+    return twin
+
+
+def draft_dtype() -> torch.dtype:
+    """A draft's numbers need not be the target's: bfloat16 halves the bytes a head step reads
+    (0.69 ms against 1.68 for the eagle head here), where oneDNN runs it natively."""
+    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if native else torch.float32
+
+
+def _twin(drafter: Any, target: Any) -> Any:
     model = target.model
     if drafter is None:
         return None

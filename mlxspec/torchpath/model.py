@@ -22,8 +22,9 @@ from torch import nn
 from mlxspec.core.model import LlamaConfig, layer_rope, rope_type
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
-from mlxspec.torchpath import ops
+from mlxspec.torchpath import int4, ops
 from mlxspec.torchpath.cache import KVCache
+from mlxspec.torchpath.int4 import Int4Linear
 from mlxspec.torchpath.invariant import sdpa
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -48,14 +49,19 @@ def _tensor(x: mx.array, device: str, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.array(x.astype(mx.float32))).to(device=device, dtype=dtype)
 
 
-def _load(module: nn.Module, mlx_module: Any, device: str, dtype: torch.dtype) -> None:
-    """Copy every parameter of ``mlx_module`` into ``module`` by name (both sides must hold the
-    same set: a quantized MLX model has scales the torch module has no place for)."""
-    params = dict(tree_flatten(mlx_module.parameters()))
+def _load(module: nn.Module, mlx_module: Any, device: str, dtype: torch.dtype,
+          params: dict[str, mx.array] | None = None) -> None:
+    """Copy every parameter of ``mlx_module`` (or ``params``) into ``module`` by name (both sides
+    must hold the same set: a quantized MLX model has scales the torch module has no place for;
+    ``Int4Linear`` layers already installed bring their own)."""
+    params = dict(tree_flatten(mlx_module.parameters())) if params is None else params
     if any(k.endswith(".scales") for k in params):
         raise MlxspecError("the torch backend needs float weights; load the model with --dtype float32")
     state = {k: _tensor(v, device, dtype) for k, v in params.items()}
     missing, unexpected = module.load_state_dict(state, strict=False)
+    own = {f"{name}.{b}" for name, m in module.named_modules() if isinstance(m, Int4Linear)
+           for b, t in m.named_buffers(recurse=False) if t is not None}
+    missing = [k for k in missing if k not in own]
     if missing or unexpected:
         raise MlxspecError(f"weights do not fit the torch module: missing {missing[:3]}, unexpected {unexpected[:3]}")
     module.to(device=device, dtype=dtype).requires_grad_(False)  # load_state_dict keeps the module's float32
@@ -201,7 +207,14 @@ class Llama(nn.Module):
             raise MlxspecError("the torch backend needs a family our llama module implements "
                                "(this model runs through mlx-lm's own class): use --backend mlx")
         model = cls(mlx_model.cfg, device)
-        _load(model, mlx_model, device, DTYPES[dtype])
+        if dtype == "quantized":  # the file's 4-bit layers as stored, the rest float32 (torchpath.int4)
+            if device != "cpu":
+                raise MlxspecError(f"--dtype quantized runs on torch's CPU kernel; on {device} use bfloat16")
+            layers, dense = int4.split_layers(mlx_model)
+            int4.install(model, layers)
+            _load(model, mlx_model, device, torch.float32, dense)
+        else:
+            _load(model, mlx_model, device, DTYPES[dtype])
         return model
 
     @property

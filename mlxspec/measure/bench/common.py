@@ -10,7 +10,8 @@ Progress = Callable[[int, int, str], Any] | None
 
 IMPLEMENTATIONS = ("mlxspec", "mlx_lm")
 LABELS = {"mlxspec": "mlxspec generate_plain", "mlx_lm": "mlx-lm stream_generate"}
-TORCH_DTYPES = ("float32", "bfloat16", "float16")  # torchpath.model.DTYPES, named without importing torch
+# torchpath.model.DTYPES and "quantized" (torchpath.int4), named without importing torch
+TORCH_DTYPES = ("float32", "bfloat16", "float16", "quantized")
 TORCH_PREFIX = "torch_"  # a torch column's key: "torch_float32", or "torch_float32_1t" (1 thread)
 
 

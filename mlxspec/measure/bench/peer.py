@@ -163,6 +163,15 @@ def choose_peer(lm, draft: str, drafter, with_mlx_lm: bool, peer_draft: str | No
     if source is None or (not on_mlx and peer_draft is None):
         return Peer(reason=f"mlx-lm runs on MLX only; the target runs on {lm.backend} (--mlx-lm-draft none "
                            "or a draft compares it with mlx-lm on the same weights)")
+    if not on_mlx and source.dtype == "quantized" and mx.default_device() == mx.cpu:
+        # torch's int4 target was copied from the file's 4-bit weights; on MLX's CPU backend a
+        # quantized product is slow (DESIGN.md), so mlx-lm's fastest form of them is float32
+        peer = choose_peer(dataclasses.replace(lm, source=loading.load(str(source.path), "float32")), draft,
+                           drafter, with_mlx_lm, peer_draft)
+        if peer.description is None:
+            return peer
+        return dataclasses.replace(peer, description=f"{peer.description}, the weights in float32 "
+                                                     "(mlx-lm's fastest on this CPU)")
     if peer_draft == "none":
         return mlx_lm_target_only(source)
     if peer_draft is not None:

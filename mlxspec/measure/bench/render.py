@@ -80,8 +80,10 @@ def _print_torch(result: BaselineResult, console) -> None:
         else:
             where = ", ".join(f"#{p['id']} at token {d}" for p, d in zip(s.prompts, col.first_divergence)
                               if d is not None)
+            why = ("the file's 4-bit weights with bfloat16 products: another target, not a twin of MLX's "
+                   "(speculation on it is exact against it)" if col.dtype == "quantized" else "not exact enough")
             console.print(markup(Kind.NOTE, f"  torch {col.dtype}: greedy tokens leave MLX's ({ref}): "
-                                            f"{where}; not exact enough"), highlight=False)
+                                            f"{where}; {why}"), highlight=False)
     best = t.fastest_exact
     console.print(f"fastest torch column with MLX's tokens: [bold]{label(TORCH_PREFIX + best) if best else 'none'}[/]"
                   + (f" ({t.columns[best].ratio:.2f}x mlxspec on MLX)" if best else ""))

@@ -117,7 +117,10 @@ def load_pair(model_spec: Any, device: str | None, dtype: str):
         return model_spec.source, model_spec
     if not isinstance(model_spec, str):
         raise MlxspecError("parity needs the torch model (load with backend='torch:DEVICE') or a model spec")
-    tl = loading.load(model_spec, dtype, backend=f"torch:{pick_device(device)}")
+    device = pick_device(device)
+    if dtype == "auto" and device == "cpu":
+        dtype = "float32"  # the twin of the MLX reference; the CPU default (quantized) is another target
+    tl = loading.load(model_spec, dtype, backend=f"torch:{device}")
     return tl.source, tl
 
 

@@ -1,0 +1,163 @@
+"""The model file's own 4-bit weights, multiplied by torch's int4 kernel on the CPU.
+
+A 4-bit GGUF (Q4_1) stores each weight as ``scale * q + bias`` with q in 0..15 and one scale
+and bias per 32 weights of a row; MLX reads it into exactly that form (affine, 4 bits, groups
+of 32). Dequantized to float32 for the CPU, a one-token pass streams 540 MB of weights; here it
+streams the 4.5 bits a weight the file holds. torch's CPU kernel
+(``aten::_weight_int4pack_mm_for_cpu``) computes ``x @ W.T`` from the packed nibbles with the
+activations in bfloat16 and per-group scales and zero points in bfloat16 (it is fast only in
+bfloat16 here: float16 and float32 take a scalar path 20-50x slower). It writes W as
+``(q - 8) * scale + zero``, so zero = bias + 8 * scale.
+
+So this is not the float32 target: rounding the activations, scales and outputs to bfloat16 moves
+the logits by about 1e-2, and greedy text parts from float32's after a few dozen tokens at a
+near-tie. It is its own exact target: every output element is one thread's sum in a fixed
+order whatever the number of rows, so row i of a pass over n tokens has the bits of the
+one-token pass (``tests/test_int4.py`` checks the whole pass, n = 1..8, bitwise), and greedy
+speculation on it equals its own target-only decoding by construction.
+
+Layers the kernel does not take (other bit widths, the 8-bit embedding, float layers) stay
+float32, dequantized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as mnn
+import numpy as np
+import torch
+from mlx.utils import tree_flatten
+from torch import nn
+
+BITS = 4
+GROUP_SIZES = (32, 64, 128, 256)  # what the kernel takes
+PACK = 32 // BITS  # nibbles per uint32 word, MLX's packing: element j of a word at bits 4j..4j+3
+
+
+def takes(layer: Any) -> bool:
+    """Whether ``layer`` (an MLX module) is a linear layer the int4 kernel runs as stored."""
+    return (isinstance(layer, mnn.QuantizedLinear) and layer.bits == BITS and layer.group_size in GROUP_SIZES
+            and getattr(layer, "mode", "affine") == "affine")
+
+
+def _torch(x: mx.array) -> torch.Tensor:
+    return torch.from_numpy(np.array(x))
+
+
+class Int4Linear(nn.Module):
+    """A linear layer as the file stores it: ``weight`` the nibbles in MLX's uint32 words (kept
+    as int32), ``scales`` and ``biases`` per group (float32, exact copies of the file's
+    float16), an optional float32 ``bias``. Its product is an ``Int4Weight``'s."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
+                 bias: torch.Tensor | None, group_size: int):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("biases", biases)
+        self.register_buffer("bias", bias)
+        self.group_size = group_size
+        self.out_features, self.in_features = weight.shape[0], weight.shape[1] * PACK
+        self.kernel = Int4Weight([self])
+
+    @classmethod
+    def from_mlx(cls, layer: Any) -> Int4Linear:
+        if not takes(layer):
+            raise ValueError(f"not a {BITS}-bit affine linear layer with groups of {GROUP_SIZES}")
+        bias = _torch(layer.bias.astype(mx.float32)) if "bias" in layer else None
+        return cls(_torch(layer.weight).view(torch.int32), _torch(layer.scales.astype(mx.float32)),
+                   _torch(layer.biases.astype(mx.float32)), bias, layer.group_size)
+
+    @property
+    def kernel_bytes(self) -> int:
+        """Bytes the kernel reads for one product: the nibbles, a bfloat16 scale and zero per
+        group, the float32 bias."""
+        groups = self.out_features * self.in_features // self.group_size
+        bias = 0 if self.bias is None else 4 * self.out_features
+        return self.out_features * self.in_features // 2 + 4 * groups + bias
+
+    def dequantized(self) -> torch.Tensor:
+        """W in float32, as ``mx.dequantize`` gives it: what the other kernels would multiply."""
+        q = unpack(self.weight).float()
+        g = q.reshape(self.out_features, -1, self.group_size)
+        return (g * self.scales[..., None] + self.biases[..., None]).reshape(q.shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x)
+
+
+def unpack(words: torch.Tensor) -> torch.Tensor:
+    """(N, K / 8) words -> (N, K) int32 in 0..15."""
+    shifts = torch.arange(0, 32, BITS, dtype=torch.int32)
+    return ((words[..., None] >> shifts) & 0xF).reshape(words.shape[0], -1)
+
+
+class Int4Weight:
+    """``x @ W.T (+ bias)`` for one or more ``Int4Linear`` that read the same input (q, k, v;
+    gate, up): one kernel call gives their outputs side by side, each column the bits its own
+    layer's call gives (an output column's sum reads only its own row of W). Packed for the
+    kernel once, and again if a layer's stored weights change in place."""
+
+    def __init__(self, layers: Sequence[Int4Linear]):
+        if len({m.group_size for m in layers}) != 1 or len({m.in_features for m in layers}) != 1:
+            raise ValueError("fused int4 layers must share their input width and group size")
+        self.layers = tuple(layers)
+        self.group_size = layers[0].group_size
+        self.packed = self.scales_zeros = self.bias = self.versions = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        versions = tuple(t._version for m in self.layers for t in (m.weight, m.scales, m.biases))
+        if versions != self.versions:
+            self._pack()
+            self.versions = versions
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
+        out = out.float() if self.bias is None else out.float() + self.bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _pack(self) -> None:
+        q = unpack(torch.cat([m.weight for m in self.layers]))
+        scales = torch.cat([m.scales for m in self.layers])
+        zeros = torch.cat([m.biases for m in self.layers]) + 8 * scales  # the kernel's (q - 8) * scale + zero
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.scales_zeros = torch.stack([scales.T, zeros.T], dim=-1).contiguous().to(torch.bfloat16)
+        biases = [m.bias for m in self.layers]
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else torch.zeros(m.out_features) for m, b in zip(self.layers, biases)])
+
+
+def fuse(layers: Sequence[nn.Module]) -> Int4Weight | None:
+    """One product for ``layers`` when every one of them is an ``Int4Linear``, else None."""
+    return Int4Weight(layers) if all(isinstance(m, Int4Linear) for m in layers) else None
+
+
+def split_layers(mlx_model: Any) -> tuple[dict[str, Int4Linear], dict[str, mx.array]]:
+    """The layers of a quantized MLX model the kernel runs as stored (by module name, as
+    ``Int4Linear``), and every other parameter in float32 (other quantized layers dequantized
+    with their own settings) by parameter name, for ``load_state_dict``."""
+    kept = {name: Int4Linear.from_mlx(m) for name, m in mlx_model.named_modules() if takes(m)}
+    dense: dict[str, mx.array] = {}
+    for name, m in mlx_model.named_modules():
+        if name in kept or not isinstance(m, (mnn.QuantizedLinear, mnn.QuantizedEmbedding)):
+            continue
+        dense[f"{name}.weight"] = mx.dequantize(m.weight, m.scales, m.get("biases"), group_size=m.group_size,
+                                                bits=m.bits, mode=getattr(m, "mode", "affine"))
+    for key, value in tree_flatten(mlx_model.parameters()):
+        base, _, leaf = key.rpartition(".")
+        quantized = base in kept or f"{base}.weight" in dense
+        if not (quantized and leaf in ("weight", "scales", "biases")) and not (base in kept and leaf == "bias"):
+            dense[key] = value
+    return kept, {k: v.astype(mx.float32) for k, v in dense.items()}
+
+
+def install(model: nn.Module, layers: dict[str, Int4Linear]) -> None:
+    """Put each ``Int4Linear`` in the place of the module of the same name."""
+    for name, layer in layers.items():
+        owner_name, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        if not isinstance(getattr(owner, leaf, None), nn.Linear):
+            raise ValueError(f"{name} is not a linear layer of the torch model")
+        setattr(owner, leaf, layer)
