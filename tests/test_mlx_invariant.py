@@ -51,12 +51,21 @@ def rows_equal_one_token_passes(model: Llama, context: list[int], tokens: list[i
     return out
 
 
+def needs_floors(path) -> None:
+    """The route pads each product to the row count from which its rows agree; whether a BLAS
+    build on a CPU has one is probed. OpenBLAS on an AMD EPYC had none up to 16 rows (on the
+    Xeons measured it had: benchmarks/notes/2026-12-02-mlx-invariant.md), so there the route
+    cannot be invariant and says so."""
+    if not path.floors.invariant:
+        pytest.skip("this CPU's OpenBLAS gives no product a row count from which its rows agree")
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("context", [1, 60, 250])  # 60 + 8 and 250 + 8 cross a KEY_BLOCK of keys
 def test_every_row_equals_the_one_token_pass_bitwise(family, context):
     model = tiny(**FAMILIES[family])
     path = mlx_invariant.invariant_path(model)
-    assert path.floors.invariant
+    needs_floors(path)
     model.run_cpu_path(path)
     assert model.cpu_path() is path
     got = rows_equal_one_token_passes(model, [(7 * i + 3) % 48 for i in range(context)], TOKENS)
@@ -79,15 +88,17 @@ def test_attention_is_attention_with_a_mask():
 
 
 def test_row_floor_finds_where_rows_agree():
-    """A product whose rows agree from 3 rows on (a stand-in that rounds fewer rows differently)."""
+    """A product whose rows agree from 3 rows on (a stand-in that rounds fewer rows differently;
+    an elementwise product and a sum per row, whose bits no BLAS kernel choice moves)."""
     w = mx.random.normal((8, 16), key=mx.random.key(1))
 
     def product(x):
-        out = x @ w.T
+        out = (x[..., None, :] * w).sum(axis=-1)
         return out + 1e-3 if x.shape[-2] < 3 else out
 
     assert mlx_invariant.row_floor(product, 16, mx.float32) == 3
-    assert mlx_invariant.row_floor(lambda x: x @ w.T + 1e-3 * x.shape[-2], 16, mx.float32) is None
+    assert mlx_invariant.row_floor(lambda x: (x[..., None, :] * w).sum(axis=-1) + 1e-3 * x.shape[-2], 16,
+                                   mx.float32) is None
 
 
 @pytest.mark.model
@@ -96,7 +107,9 @@ def test_real_model_rows_equal_and_the_plain_path_does_not(lm):
     context, tokens = text[:252], text[252:]  # 252 + 8 crosses a KEY_BLOCK and the cache's 256 step
     model = lm.model
     plain = rows_equal_one_token_passes(model, context, tokens)
-    model.run_cpu_path(mlx_invariant.invariant_path(model))
+    path = mlx_invariant.invariant_path(model)
+    needs_floors(path)
+    model.run_cpu_path(path)
     try:
         got = rows_equal_one_token_passes(model, context, tokens)
     finally:

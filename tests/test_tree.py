@@ -194,7 +194,8 @@ def test_tree_pass_on_the_real_model(lm):
     prompt = encode_prompt(lm.tokenizer, "List the planets of the solar system.")
     parents = parse_tree("3x2").parents()
     tokens = np.random.default_rng(0).integers(0, 49152, len(parents)).tolist()
-    assert tree_pass_vs_chains(lm.model, prompt, tokens, parents) < 1e-4
+    # logits of magnitude ~20: float32 rounding through 30 layers; 1.02e-4 seen on an AMD EPYC's OpenBLAS
+    assert tree_pass_vs_chains(lm.model, prompt, tokens, parents) < 2e-4
 
 
 # ----------------------------------------------------------------------------- the walk rule
