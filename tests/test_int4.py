@@ -14,15 +14,11 @@ import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
 
-from mlxspec.core import engine  # noqa: E402
-from mlxspec.core.drafters import ModelDrafter  # noqa: E402
-from mlxspec.core.events import Step  # noqa: E402
 from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
-from mlxspec.core.sampling import SamplingParams  # noqa: E402
 from mlxspec.errors import MlxspecError  # noqa: E402
 from mlxspec.torchpath import int4, invariant  # noqa: E402
 from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
-from tiny import TWIN_BASE, torch_rows_equal_one_token_passes  # noqa: E402
+from tiny import TWIN_BASE, greedy_alone_and_self_drafted, torch_rows_equal_one_token_passes  # noqa: E402
 
 # 32 and 64 wide: every layer splits into groups of 32
 BASE = {**TWIN_BASE, "hidden_size": 64, "intermediate_size": 128}
@@ -134,16 +130,8 @@ def test_every_row_equals_the_one_token_pass_bitwise(family):
 def test_greedy_speculation_emits_the_target_only_tokens():
     _, model = quantized_twin(3, num_layers=3)
     invariant.make_batch_invariant(model)
-    prompt = [(5 * i + 2) % 48 for i in range(20)]
-
-    def tokens(drafter, k):
-        return [t.id for ev in engine.generate(model, prompt, SamplingParams(), 24, set(), 512, drafter=drafter, k=k)
-                if isinstance(ev, Step) for t in ev.tokens if t.emitted]
-
-    alone = tokens(None, 1)
-    assert len(alone) == 24
-    for k in (1, 3, 7):
-        assert tokens(ModelDrafter(model, "self:1", 1), k) == alone
+    alone, drafted = greedy_alone_and_self_drafted(model, (1, 3, 7))
+    assert len(alone) == 24 and all(out == alone for out in drafted)
 
 
 def test_quantized_is_refused_off_the_cpu_and_from_float_weights():

@@ -12,14 +12,12 @@ import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
 
-from mlxspec.core import engine  # noqa: E402
-from mlxspec.core.drafters import ModelDrafter  # noqa: E402
-from mlxspec.core.events import Step  # noqa: E402
 from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
-from mlxspec.core.sampling import SamplingParams  # noqa: E402
 from mlxspec.torchpath import invariant  # noqa: E402
 from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
-from tiny import TWIN_BASE, TWIN_FAMILIES, torch_rows_equal_one_token_passes  # noqa: E402
+from tiny import (  # noqa: E402
+    TWIN_BASE, TWIN_FAMILIES, greedy_alone_and_self_drafted, torch_rows_equal_one_token_passes,
+)
 
 BASE = TWIN_BASE
 TOKENS = [11, 4, 30, 2, 47, 19, 8, 25]
@@ -67,16 +65,8 @@ def test_greedy_speculation_emits_the_target_only_tokens():
     output is the target-only output."""
     model = torch_twin(3, num_layers=3)
     invariant.make_batch_invariant(model)
-    prompt = [(5 * i + 2) % 48 for i in range(20)]
-
-    def tokens(drafter, k):
-        return [t.id for ev in engine.generate(model, prompt, SamplingParams(), 24, set(), 512, drafter=drafter, k=k)
-                if isinstance(ev, Step) for t in ev.tokens if t.emitted]
-
-    alone = tokens(None, 1)
-    assert len(alone) == 24
-    for k in (1, 3, 7):
-        assert tokens(ModelDrafter(model, "self:1", 1), k) == alone
+    alone, drafted = greedy_alone_and_self_drafted(model, (1, 3, 7))
+    assert len(alone) == 24 and all(out == alone for out in drafted)
 
 
 def test_the_plain_path_is_not_batch_invariant():

@@ -1,5 +1,5 @@
-"""A tiny random llama target and distillation set, and a random eagle head on it, for draft
-tests that need no real model."""
+"""A tiny random llama target and distillation set, a random eagle head on it, and checks the
+batch-invariance and draft tests share, for tests that need no real model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 
+from mlxspec.core import engine
+from mlxspec.core.cache import rewind
+from mlxspec.core.drafters import ModelDrafter
+from mlxspec.core.events import Step
 from mlxspec.core.model import Llama, LlamaConfig
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.training.distill import DistillSet
 from mlxspec.core.drafters.draft_model import DraftConfig, DraftModel
 from mlxspec.training.draft import init_from_target
@@ -160,9 +165,7 @@ def torch_rows_equal_one_token_passes(model, context: list[int], tokens: list[in
     """For a torch model and n = 1..len(tokens): whether each row of one pass over tokens[:n]
     (after ``context``) equals, bitwise, the one-token pass that decodes tokens[i] at that
     position (the batch-invariance checks of test_invariant and test_int4)."""
-    import torch
-
-    from mlxspec.core.cache import rewind
+    import torch  # an optional extra: only the torch tests call this
 
     with torch.inference_mode():
         cache = model.make_cache()
@@ -175,3 +178,15 @@ def torch_rows_equal_one_token_passes(model, context: list[int], tokens: list[in
             rewind(cache, n)
             out.append([torch.equal(rows[i], singles[i]) for i in range(n)])
         return out
+
+
+def greedy_alone_and_self_drafted(model, ks: tuple[int, ...], n: int = 24) -> tuple[list[int], list[list[int]]]:
+    """A tiny model's greedy tokens after a fixed prompt: target-only, and drafted by its own
+    first layer (``self:1``) at each K in ``ks``."""
+    prompt = [(5 * i + 2) % 48 for i in range(20)]
+
+    def tokens(drafter, k):
+        return [t.id for ev in engine.generate(model, prompt, SamplingParams(), n, set(), 512, drafter=drafter, k=k)
+                if isinstance(ev, Step) for t in ev.tokens if t.emitted]
+
+    return tokens(None, 1), [tokens(ModelDrafter(model, "self:1", 1), k) for k in ks]
