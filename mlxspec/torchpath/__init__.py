@@ -118,7 +118,7 @@ def pick_device(device: str | None) -> str:
 
 def default_dtype(device: str) -> str:
     """On the CPU the file's weights as stored ("quantized": 4-bit layers on torch's int4 kernel,
-    ``torchpath.int4``; a file without them runs float32): 1.7-1.9x float32's speed on the
+    ``torchpath.int4``; a file without them runs float32): about 1.6x float32's decode on the
     default model (BENCHMARKS). Half precision on accelerators, bfloat16 where the device has
     it, as the MLX path runs half or 4-bit on the GPU."""
     if device == "cpu":
