@@ -93,12 +93,13 @@ def test_rows_of_the_default_models_shapes_are_invariant(threads):
         torch.set_num_threads(before)
 
 
-def test_a_stored_weight_changed_in_place_is_packed_again():
-    lin = int4.Int4Linear.from_mlx(quantized_layer(32, 64))
+@pytest.mark.parametrize("name", ["scales", "biases", "bias"])
+def test_a_stored_weight_changed_in_place_is_packed_again(name):
+    lin = int4.Int4Linear.from_mlx(quantized_layer(32, 64, bias=True))
     x = torch.randn(2, 64)
     before = lin(x)
-    lin.scales.mul_(2)
-    fresh = int4.Int4Linear(lin.weight, lin.scales, lin.biases, None, 32)
+    getattr(lin, name).mul_(2)
+    fresh = int4.Int4Linear(lin.weight, lin.scales, lin.biases, lin.bias, 32)
     assert not torch.equal(lin(x), before) and torch.equal(lin(x), fresh(x))
 
 

@@ -109,7 +109,8 @@ class Int4Weight:
         self.packed = self.scales_zeros = self.bias = self.versions = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        versions = tuple(t._version for m in self.layers for t in (m.weight, m.scales, m.biases))
+        versions = tuple(t._version for m in self.layers for t in (m.weight, m.scales, m.biases, m.bias)
+                         if t is not None)
         if versions != self.versions:
             self._pack()
             self.versions = versions
