@@ -171,6 +171,7 @@ def test_cli_exit_code_follows_the_goals(monkeypatch, tiny, perturbed):
     (["--device", "mps"], "device 'mps' is not available here"),
     (["--device", "cuda"], "device 'cuda' is not available here"),
     (["--dtype", "float64"], "--dtype float64 is not available on the torch backend"),
+    (["--dtype", "quantized"], "--dtype quantized runs the file's 4-bit weights with bfloat16 products"),
     (["--k", "0"], "K must be in 1..64"),
     (["--prompts", "0"], "--prompts, --max-tokens and --draws must be >= 1"),
     (["--draft", "none,,ngram:3"], "bad --draft 'none,,ngram:3'"),

@@ -148,9 +148,9 @@ def split_layers(mlx_model: Any) -> tuple[dict[str, Int4Linear], dict[str, mx.ar
                                                 bits=m.bits, mode=getattr(m, "mode", "affine"))
     for key, value in tree_flatten(mlx_model.parameters()):
         base, _, leaf = key.rpartition(".")
-        quantized = base in kept or f"{base}.weight" in dense
-        if not (quantized and leaf in ("weight", "scales", "biases")) and not (base in kept and leaf == "bias"):
-            dense[key] = value
+        if base in kept or (f"{base}.weight" in dense and leaf in ("scales", "biases")):
+            continue  # held by an Int4Linear, or folded into a dequantized weight
+        dense.setdefault(key, value)  # a dequantized weight stays
     return kept, {k: v.astype(mx.float32) for k, v in dense.items()}
 
 
