@@ -6,6 +6,7 @@ it can fail: the plain path's rows differ."""
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
@@ -104,6 +105,38 @@ def test_chunked_attention_takes_a_mask_per_row():
     mask[..., 0] = True
     want = invariant.sdpa(q, k, v, mask, 0.25)
     assert torch.allclose(invariant.chunked_attention(q, k, v, mask, 0.25), want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_attention_reads_the_caches_buffer_in_place_whatever_lies_past_the_keys(batch):
+    """The keys and values a cache returns are views of buffers allocated 256 positions at a
+    time; attention reads the masked positions past them in place. After a trim those hold
+    stale keys, which must add exact zeros, as the zero padding of a bare tensor does."""
+    from mlxspec.torchpath.cache import KVCache
+
+    g = torch.Generator().manual_seed(2)
+    cache = KVCache()
+    cache.update_and_fetch(*(torch.randn(batch, 2, 290, 16, generator=g) * 10 for _ in range(2)))
+    cache.trim(30)  # positions 260..289 now hold stale keys and values
+    k, v = cache.update_and_fetch(*(torch.randn(batch, 2, 1, 16, generator=g) for _ in range(2)))
+    assert invariant._widened(k, 512).data_ptr() == k.data_ptr()  # no copy
+    q = torch.randn(batch, 6, 1, 16, generator=g)
+    in_place = invariant.chunked_attention(q, k, v, None, 0.25)
+    assert torch.equal(in_place, invariant.chunked_attention(q, k.clone(), v.clone(), None, 0.25))
+    assert torch.allclose(in_place, invariant.sdpa(q, k, v, None, 0.25), atol=1e-4)  # values ~10
+
+
+def test_rope_rotates_as_mlx_does():
+    """``Rope.rotate``'s one-pass form against ``mx.fast.rope``, both layouts."""
+    from mlxspec.torchpath.model import Rope
+
+    for traditional in (False, True):
+        cfg = LlamaConfig(**{**BASE, "rope_traditional": traditional})
+        rope, x = Rope(cfg, "cpu"), mx.random.normal((1, 3, 5, cfg.head_dim))
+        want = mx.fast.rope(x, cfg.head_dim, traditional=traditional, base=cfg.rope_theta, scale=1.0, offset=7)
+        cos, sin = rope.tables(torch.arange(7, 12), torch.float32)
+        got = rope.rotate(torch.from_numpy(np.array(x)), cos, sin)
+        assert torch.allclose(got, torch.from_numpy(np.array(want)), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["mlp.down_proj.weight", "self_attn.k_proj.weight", "mlp.up_proj.weight",

@@ -183,7 +183,25 @@ def _batched(x: torch.Tensor) -> torch.Tensor:
     batched product runs each matrix on one thread (two or more matrices); fewer rows, or a
     lone matrix split across threads, sum in other orders."""
     g, m, _ = x.shape
+    if g >= 2 and m >= MIN_ROWS:
+        return x
     return F.pad(x, (0, 0, 0, max(0, MIN_ROWS - m), 0, max(0, 2 - g)))
+
+
+def _widened(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x (B, Hkv, S, D) as ``width`` >= S positions, the ones past S masked by the caller: a
+    view of the storage past S where x is a view of a larger buffer that holds them in place
+    (the KV cache's, allocated 256 positions at a time, so a pass copies no keys), else zero
+    padded. Whatever finite values a masked position holds, it adds exact zeros."""
+    B, H, S, D = x.shape
+    if width == S:
+        return x
+    stride = x.stride()
+    room = x.untyped_storage().nbytes() // x.element_size()
+    last = x.storage_offset() + (B - 1) * stride[0] + (H - 1) * stride[1] + (width - 1) * stride[2] + D - 1
+    if stride[3] == 1 and stride[1] >= width * stride[2] and stride[0] >= H * stride[1] and last < room:
+        return x.as_strided((B, H, width, D), stride)
+    return F.pad(x, (0, 0, 0, width - S))
 
 
 def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -207,12 +225,12 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     blocks, mats = width // KEY_BLOCK, B * hkv
     padded_rows = max(rows, MIN_ROWS)  # and at least two matrices (``_batched``)
     queries = _batched(q.reshape(mats, rows, D))
-    keys = _batched(F.pad(k, (0, 0, 0, width - S)).reshape(mats, width, D))
+    keys = _batched(_widened(k, width).reshape(mats, width, D))
     bias = _mask_bias(mask, B, hkv, group, L, S, width, q)  # (matrices, padded rows, width)
     scores = torch.baddbmm(bias, queries, keys.transpose(1, 2), alpha=scale)
     p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # the max is exact in any order
     sums = p.view(-1, padded_rows, blocks, KEY_BLOCK).sum(dim=-1)  # per block: one shape for every query
-    values = _batched(F.pad(v, (0, 0, 0, width - S)).reshape(mats, width, D))
+    values = _batched(_widened(v, width).reshape(mats, width, D))
     acc, total = None, None
     for i in range(blocks):  # in order: a wholly masked block adds exact zeros
         cols = slice(i * KEY_BLOCK, (i + 1) * KEY_BLOCK)

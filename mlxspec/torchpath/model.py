@@ -77,17 +77,24 @@ class Rope:
         self.scale, self.traditional = r.scale, r.traditional
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin), each (1, 1, L, D/2), at ``positions`` (L,)."""
+        """(cos, sin), each (1, 1, L, D) at ``positions`` (L,), laid out as ``rotate`` reads them:
+        each angle's cosine at both elements of its pair, its sine negated at the first."""
         angles = (positions.to(torch.float32) * self.scale)[:, None] * self.inv[None, :]
-        return torch.cos(angles).to(dtype)[None, None], torch.sin(angles).to(dtype)[None, None]
+        cos, sin = torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+        if self.traditional:  # pairs (2i, 2i + 1)
+            cos, sin = torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([-sin, sin], dim=-1).flatten(-2)
+        else:  # pairs (i, i + D/2)
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+        return cos[None, None], sin[None, None]
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Each pair (x1, x2) to (x1 cos - x2 sin, x2 cos + x1 sin): the products and sums MLX's
+        rope rounds, in three whole-tensor operations after the pairs are swapped."""
         if self.traditional:
-            x1, x2 = x[..., 0::2], x[..., 1::2]
-            return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+            swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        else:
+            swapped = torch.cat(x.chunk(2, dim=-1)[::-1], dim=-1)
+        return x * cos + swapped * sin
 
 
 class RMSNorm(nn.Module):
@@ -118,14 +125,19 @@ class Attention(nn.Module):
     def forward(self, x, mask, cache: KVCache | None, rope: Rope, cos, sin) -> torch.Tensor:
         cfg = self.cfg
         B, L, _ = x.shape
-        if self.fused_qkv is not None:
-            q, k, v = self.fused_qkv(x).split(self.widths, dim=-1)
+        if self.fused_qkv is not None and not cfg.qk_norm:  # q and k rotated as one tensor of heads
+            qk, v = self.fused_qkv(x).split([self.widths[0] + self.widths[1], self.widths[2]], dim=-1)
+            q, k = rope.rotate(qk.reshape(B, L, -1, cfg.head_dim).transpose(1, 2), cos, sin).split(
+                [cfg.num_heads, cfg.num_kv_heads], dim=1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k = q.reshape(B, L, cfg.num_heads, -1), k.reshape(B, L, cfg.num_kv_heads, -1)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope.rotate(q.transpose(1, 2), cos, sin), rope.rotate(k.transpose(1, 2), cos, sin)
+            if self.fused_qkv is not None:
+                q, k, v = self.fused_qkv(x).split(self.widths, dim=-1)
+            else:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k = q.reshape(B, L, cfg.num_heads, -1), k.reshape(B, L, cfg.num_kv_heads, -1)
+            if cfg.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rope.rotate(q.transpose(1, 2), cos, sin), rope.rotate(k.transpose(1, 2), cos, sin)
         v = v.reshape(B, L, cfg.num_kv_heads, -1).transpose(1, 2)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
