@@ -92,6 +92,7 @@ class TorchRoutes:
                             "rows": RowByRow(child.weight, child.bias)}))
         # what make_batch_invariant fused (q, k, v; gate, up): only the invariant route runs them
         self.fused = [(b.self_attn, b.self_attn.fused_qkv, b.mlp, b.mlp.fused_gate_up) for b in self.model.model.layers]
+        self.chunked = self.model.model.layers[0].self_attn.attend  # make_batch_invariant's, with its bias cache
         head = self.model.model.embed_tokens.weight
         # plain callables: the model's packed_head is not a submodule
         self.heads = {"mkl": None, "mkl-packed": MklPacked(head).forward, "onednn": invariant.PackedWeight(head),
@@ -106,7 +107,7 @@ class TorchRoutes:
         for owner, name, modules in self.slots:
             setattr(owner, name, modules[linear])
         self.model.packed_head = self.heads[linear]
-        attend = {"invariant": invariant.chunked_attention, "rows": attend_rows}.get(kind, invariant.sdpa)
+        attend = {"invariant": self.chunked, "rows": attend_rows}.get(kind, invariant.sdpa)
         act = invariant.padded_silu if kind == "invariant" else F.silu
         for block in self.model.model.layers:
             block.self_attn.attend, block.mlp.act = attend, act

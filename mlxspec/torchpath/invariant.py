@@ -29,6 +29,7 @@ library pin (torch 2.13.0) keeps the build fixed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -150,6 +151,7 @@ def make_batch_invariant(model: nn.Module) -> bool:
     False (nothing changed) where oneDNN packing does not apply (not float32 on the CPU)."""
     if not packing_available(model.model.embed_tokens.weight):
         return False
+    attend = partial(chunked_attention, biases=MaskBiases())  # the model's layers share each pass's bias
     for block in model.model.layers:
         for owner in (block.self_attn, block.mlp):
             for name, child in list(owner.named_children()):
@@ -158,7 +160,7 @@ def make_batch_invariant(model: nn.Module) -> bool:
         attn, mlp = block.self_attn, block.mlp
         attn.fused_qkv = fuse_projections([attn.q_proj, attn.k_proj, attn.v_proj])
         mlp.fused_gate_up = fuse_projections([mlp.gate_proj, mlp.up_proj])
-        attn.attend = chunked_attention
+        attn.attend = attend
         mlp.act = padded_silu
     head = getattr(model, "lm_head", None)
     if isinstance(head, Int4Linear):
@@ -205,7 +207,7 @@ def _widened(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                      scale: float) -> torch.Tensor:
+                      scale: float, biases: MaskBiases | None = None) -> torch.Tensor:
     """softmax(q k^T * scale, masked) v in which no reduction's bits depend on how many
     queries the pass holds. q (B, H, L, D); k, v (B, Hkv, S, D), H a multiple of Hkv (the
     query heads of one key head consecutive, as ``enable_gqa`` reads them); ``mask`` (L, S) or
@@ -217,7 +219,8 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     second, and the softmax's denominator, sum over the keys one ``KEY_BLOCK`` at a time, and
     the blocks' parts are added in order in Python: a query meets the same blocks whether it
     came alone or with the n - 1 after it (their keys are masked, and a masked key adds an
-    exact zero), and a wholly masked block adds exact zeros."""
+    exact zero), and a wholly masked block adds exact zeros. ``biases``: where the layers of a
+    pass share the bias built by the first (``make_batch_invariant`` gives each model one)."""
     B, H, L, D = q.shape
     hkv, S = k.shape[1], k.shape[2]
     group, rows = H // hkv, H // hkv * L
@@ -226,7 +229,7 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     padded_rows = max(rows, MIN_ROWS)  # and at least two matrices (``_batched``)
     queries = _batched(q.reshape(mats, rows, D))
     keys = _batched(_widened(k, width).reshape(mats, width, D))
-    bias = _mask_bias(mask, B, hkv, group, L, S, width, q)  # (matrices, padded rows, width)
+    bias = (biases or MaskBiases()).get(mask, B, hkv, group, L, S, width, q)  # (matrices, padded rows, width)
     scores = torch.baddbmm(bias, queries, keys.transpose(1, 2), alpha=scale)
     p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # the max is exact in any order
     sums = p.view(-1, padded_rows, blocks, KEY_BLOCK).sum(dim=-1)  # per block: one shape for every query
@@ -239,27 +242,30 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return (acc[:mats, :rows] / total[:mats, :rows, None]).view(B, H, L, D)
 
 
-# (what it was built for, the bias), replaced as one tuple so concurrent passes never pair one
-# pass's key with another's bias: the layers of a pass share its mask.
-_last_bias: list = [None]
+class MaskBiases:
+    """The additive mask of ``chunked_attention``'s scores, built once per pass: the last one
+    built, with what it was built for, replaced as one tuple so that concurrent passes never
+    pair one pass's key with another's bias."""
 
+    def __init__(self) -> None:
+        self.last: tuple | None = None
 
-def _mask_bias(mask: torch.Tensor | None, B: int, hkv: int, group: int, L: int, S: int, width: int,
-               like: torch.Tensor) -> torch.Tensor:
-    """0 where attended, -inf at masked and padded keys, shaped as the scores of
-    ``chunked_attention`` (``_batched``: matrices, padded rows, width). Built once per pass: the
-    cache key holds the mask itself, so its id is not reused while the bias is kept."""
-    key = (mask, B, hkv, group, L, S, width, like.dtype, like.device)
-    entry = _last_bias[0]
-    if entry is not None and entry[0][0] is mask and entry[0][1:] == key[1:]:
-        return entry[1]
-    keep = torch.ones(L, S, dtype=torch.bool, device=like.device) if mask is None else mask
-    keep = keep.reshape(-1, L, S)  # (1 or B, L, S): one mask for the pass, or one per row (left padding)
-    bias = torch.zeros(keep.shape[0], L, width, dtype=like.dtype, device=like.device)
-    bias.masked_fill_(~F.pad(keep, (0, width - S)), float("-inf"))
-    bias = _batched(bias[:, None, None].expand(B, hkv, group, L, width).reshape(B * hkv, group * L, width))
-    _last_bias[0] = (key, bias)
-    return bias
+    def get(self, mask: torch.Tensor | None, B: int, hkv: int, group: int, L: int, S: int, width: int,
+            like: torch.Tensor) -> torch.Tensor:
+        """0 where attended, -inf at masked and padded keys, shaped as the scores (``_batched``:
+        matrices, padded rows, width). The key holds the mask itself, so its id is not reused
+        while the bias is kept."""
+        key = (mask, B, hkv, group, L, S, width, like.dtype, like.device)
+        entry = self.last
+        if entry is not None and entry[0][0] is mask and entry[0][1:] == key[1:]:
+            return entry[1]
+        keep = torch.ones(L, S, dtype=torch.bool, device=like.device) if mask is None else mask
+        keep = keep.reshape(-1, L, S)  # (1 or B, L, S): one mask for the pass, or one per row (left padding)
+        bias = torch.zeros(keep.shape[0], L, width, dtype=like.dtype, device=like.device)
+        bias.masked_fill_(~F.pad(keep, (0, width - S)), float("-inf"))
+        bias = _batched(bias[:, None, None].expand(B, hkv, group, L, width).reshape(B * hkv, group * L, width))
+        self.last = (key, bias)
+        return bias
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
