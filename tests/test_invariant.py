@@ -126,6 +126,30 @@ def test_attention_reads_the_caches_buffer_in_place_whatever_lies_past_the_keys(
     assert torch.allclose(in_place, invariant.sdpa(q, k, v, None, 0.25), atol=1e-4)  # values ~10
 
 
+def test_a_pass_builds_its_attention_bias_once_and_models_keep_their_own(monkeypatch):
+    built = []
+    original = invariant.MaskBiases.get
+
+    def counted(self, mask, *args):
+        before = self.last
+        bias = original(self, mask, *args)
+        if self.last is not before:
+            built.append(self)
+        return bias
+
+    monkeypatch.setattr(invariant.MaskBiases, "get", counted)
+    models = [torch_twin(seed) for seed in (0, 1)]
+    for m in models:
+        assert invariant.make_batch_invariant(m)
+    with torch.inference_mode():
+        cache = models[0].make_cache()
+        models[0](torch.tensor([TOKENS]), cache)  # one pass, every layer
+        assert len(built) == 1
+        models[1](torch.tensor([TOKENS[:3]]), models[1].make_cache())
+        models[0](torch.tensor([TOKENS[:1]]), cache)
+    assert len(built) == 3 and built[1] is not built[0] and built[2] is built[0]
+
+
 def test_rope_rotates_as_mlx_does():
     """``Rope.rotate``'s one-pass form against ``mx.fast.rope``, both layouts."""
     from mlxspec.torchpath.model import Rope
