@@ -150,6 +150,25 @@ def test_a_pass_builds_its_attention_bias_once_and_models_keep_their_own(monkeyp
     assert len(built) == 3 and built[1] is not built[0] and built[2] is built[0]
 
 
+def test_prefill_runs_the_head_on_its_last_position_only_with_the_same_bits(monkeypatch):
+    """``logit_rows``: prefill's chunks skip the 49,152-word head but for the last position, whose
+    logits keep the bits the whole prompt in one pass gives it, as do the hidden states."""
+    from mlxspec.core import prefill as prefill_module
+    from mlxspec.torchpath import ops as torch_ops
+
+    monkeypatch.setattr(prefill_module, "PREFILL_CHUNK", 8)
+    model = torch_twin()
+    assert invariant.make_batch_invariant(model)
+    rows, head = [], model.head
+    monkeypatch.setattr(model, "head", lambda h: rows.append(h.shape[1]) or head(h))
+    ids = [(7 * i + 3) % 48 for i in range(21)]  # chunks of 8, 8 and 5
+    with torch.inference_mode():
+        last, hidden = torch_ops.prefill(model, model.make_cache(), ids, return_hidden=True)
+        assert rows == [1]
+        logits, h = model(torch.tensor([ids]), model.make_cache(), return_hidden=True)
+    assert torch.equal(last, logits[0, -1]) and torch.equal(hidden, h[0])
+
+
 def test_rope_rotates_as_mlx_does():
     """``Rope.rotate``'s one-pass form against ``mx.fast.rope``, both layouts."""
     from mlxspec.torchpath.model import Rope

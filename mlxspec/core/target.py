@@ -20,6 +20,9 @@ class Capabilities:
     tree_masks: bool = False  # accepts an explicit (L, offset+L) mask and per-token positions
     partial_layers: bool = False  # can run only its first L blocks then norm + head (self:L)
     hidden_states: bool = False  # can return the final hidden state of every position, or the states entering chosen blocks
+    # takes ``logit_rows=n``: the logits of the last n positions only (prefill reads one row of
+    # its last chunk, none of the others; an eager backend would compute them all)
+    logit_rows: bool = False
 
 
 class Target(Protocol):
