@@ -32,17 +32,19 @@ def chunked(model: Any, cache: list, ids: list[int], num_layers: int | None, ret
     each full chunk so a long prompt never builds one huge graph."""
     # Models that cannot return hidden states (a trained draft) are never asked to.
     kw = {"return_hidden": return_hidden} if return_hidden else {}
+    # A target that can compute only the logits read (an eager one must be told): none of the
+    # earlier chunks', the last position's of the last.
     rows = getattr(getattr(model, "capabilities", None), "logit_rows", False)
+    earlier, last = ({"logit_rows": 0}, {"logit_rows": 1}) if rows else ({}, {})
     hidden = []
     tail = len(ids) - (len(ids) - 1) % PREFILL_CHUNK - 1  # the last chunk holds 1..PREFILL_CHUNK ids
     for start in range(0, tail, PREFILL_CHUNK):
-        out = model(batch(ids[start : start + PREFILL_CHUNK]), cache, num_layers=num_layers, **kw,
-                    **({"logit_rows": 0} if rows else {}))
+        out = model(batch(ids[start : start + PREFILL_CHUNK]), cache, num_layers=num_layers, **kw, **earlier)
         if return_hidden:
             hidden.append(out[1][0])
         if settle is not None:
             settle(cache, hidden)
-    out = model(batch(ids[tail:]), cache, num_layers=num_layers, **kw, **({"logit_rows": 1} if rows else {}))
+    out = model(batch(ids[tail:]), cache, num_layers=num_layers, **kw, **last)
     if not return_hidden:
         return out[0, -1]
     logits, h = out

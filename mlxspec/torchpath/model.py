@@ -267,8 +267,8 @@ class Llama(nn.Module):
                 num_layers: int | None = None, return_hidden: bool | tuple[int, ...] = False,
                 logit_rows: int | None = None):
         """``logit_rows``: the logits of the last n positions only (``Capabilities.logit_rows``):
-        a prompt chunk's 512 rows through the 49,152-word head cost a fifth of prefill. A row's
-        logits have the same bits either way (the head's rows are invariant)."""
+        a prompt chunk's 512 rows through the 49,152-word head cost a fifth of prefill. With
+        ``make_batch_invariant``'s head a row's logits have the same bits either way."""
         taps = tuple(sorted(set(return_hidden))) if isinstance(return_hidden, tuple) else ()
         h, tapped = self.blocks(self.model.embed_tokens(tokens.to(self.device)), cache, mask, positions, num_layers,
                                 taps)
