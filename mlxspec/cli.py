@@ -413,14 +413,21 @@ def profile(
     seed: int = typer.Option(0, help="Sampling seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+    backend: str = BackendOpt,
+    device: Optional[str] = DeviceOpt,
 ) -> None:
     """Break one speculative step into draft, target pass (over L = 1..K+1 tokens), acceptance
-    rule, host syncs and Python overhead, with medians over steps."""
+    rule, host syncs and Python overhead, with medians over steps, on the backend generate
+    would run (on torch, eager, Python and arithmetic are not told apart)."""
     from mlxspec.measure import profile as pr
 
+    options = pr.ProfileOptions(model, draft, k, temp, steps, warmup, repeats, dtype, seed, compare)
+    pr.check_options(options)
+    if compare and backend_spec(backend, device).startswith("torch"):
+        raise MlxspecError("--compare times MLX's forward paths; drop --backend torch or add --backend mlx")
     with progress_bar("profile") as progress:
-        result = pr.profile_step(pr.ProfileOptions(model, draft, k, temp, steps, warmup, repeats, dtype, seed, compare),
-                                 progress)
+        options = replace(options, model=measured_target(model, dtype, backend, device))
+        result = pr.profile_step(options, progress)
     if as_json:
         print_json(result.to_json())
     else:

@@ -43,7 +43,7 @@ def test_sync_round_trip_is_a_positive_time():
 def test_profile_command_json(tmp_path):
     out = tmp_path / "p.json"
     r = CliRunner().invoke(app, ["profile", "-d", "ngram:3", "-k", "2", "--steps", "3", "--warmup", "1",
-                                 "--repeats", "1", "--compare", "--json", "--out", str(out)])
+                                 "--repeats", "1", "--compare", "--backend", "mlx", "--json", "--out", str(out)])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d == json.loads(out.read_text())
@@ -53,9 +53,31 @@ def test_profile_command_json(tmp_path):
     assert [v["tokens"] for v in d["verify"]] == [1, 2, 3] and d["verify"][0]["ratio"] == 1.0
     assert [p["path"] for p in d["paths"]] == list(PATHS)
     assert d["instrumented_step_ms"] == pytest.approx(sum(p["ms"] for p in d["phases"]))
+    assert d["eager"] is False and d["sync_ms"] > 0 and 0 < d["python_ms"] < d["instrumented_step_ms"]
 
 
-@pytest.mark.parametrize("args", [["-d", "none"], ["-k", "0"], ["--steps", "0"], ["--repeats", "0"]])
+@pytest.mark.model
+def test_profile_runs_the_step_on_torch_where_generate_would():
+    """On torch the step runs eagerly: its parts still sum to the step, but Python is not told
+    apart from arithmetic, and there is no lazy graph to sync (both null, said in the table)."""
+    pytest.importorskip("torch")
+    r = CliRunner().invoke(app, ["profile", "-d", "ngram:3", "-k", "2", "--steps", "3", "--warmup", "1",
+                                 "--repeats", "1", "--backend", "torch", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["backend"].startswith("PyTorch") and d["eager"] is True
+    assert d["sync_ms"] is None and d["python_ms"] is None and d["paths"] is None
+    assert [p["name"] for p in d["phases"]] == list(PHASES) and all(len(p["samples"]) == 3 for p in d["phases"])
+    assert [v["tokens"] for v in d["verify"]] == [1, 2, 3] and d["engine_step_ms"] > 0
+    table = CliRunner().invoke(app, ["profile", "-d", "ngram:3", "-k", "1", "--steps", "2", "--warmup", "0",
+                                     "--repeats", "1", "--backend", "torch"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "target pass: run (Python and arithmetic)" in table.output and "torch runs eagerly" in table.output
+    assert "of which Python" not in table.output and "one host sync" not in table.output
+
+
+@pytest.mark.parametrize("args", [["-d", "none"], ["-k", "0"], ["--steps", "0"], ["--repeats", "0"],
+                                  ["--compare", "--backend", "torch"]])
 def test_profile_refuses_bad_arguments_before_loading(args, monkeypatch):
     from mlxspec.targets import loading
 

@@ -95,18 +95,22 @@ class StepProfile:
     phases: list[Phase]
     verify: list[VerifyPass]
     slope: float  # extra cost of each extra verified token, in one-token passes
-    sync_ms: float  # one host round trip (mx.eval of a trivial graph)
+    sync_ms: float | None  # one host round trip (mx.eval of a trivial graph); None on an eager backend
     engine_step_ms: float | None  # median draft + verify ms per step of the real engine
     accepted_mean: float  # accepted drafts per profiled step
     paths: list[PathTiming] | None = None  # with --compare
+    eager: bool = False  # torch: the build parts hold the arithmetic (``stepper``)
 
     @property
     def instrumented_ms(self) -> float:
         return sum(p.ms for p in self.phases)
 
     @property
-    def python_ms(self) -> float:
-        """Host-side Python per step: graph building plus bookkeeping."""
+    def python_ms(self) -> float | None:
+        """Host-side Python per step: graph building plus bookkeeping; None where the backend
+        computes while the graph is built (eager), so Python cannot be told apart."""
+        if self.eager:
+            return None
         return sum(p.ms for p in self.phases if p.name in PYTHON_PHASES)
 
     def to_json(self) -> dict[str, Any]:
@@ -115,7 +119,7 @@ class StepProfile:
             "settings": asdict(self.settings),
             "phases": [p.to_json() for p in self.phases],
             "instrumented_step_ms": self.instrumented_ms, "python_ms": self.python_ms,
-            "sync_ms": self.sync_ms, "syncs_per_step": SYNCS_PER_STEP,
+            "eager": self.eager, "sync_ms": self.sync_ms, "syncs_per_step": SYNCS_PER_STEP,
             "engine_step_ms": self.engine_step_ms, "accepted_mean": self.accepted_mean,
             "verify": [asdict(v) for v in self.verify], "verify_slope": self.slope,
             "paths": None if self.paths is None else [p.to_json() for p in self.paths],

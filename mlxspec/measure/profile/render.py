@@ -5,25 +5,37 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from mlxspec.measure.profile.records import SYNCS_PER_STEP, StepProfile
+from mlxspec.measure.profile.records import (DRAFT_BUILD, DRAFT_EVAL, SYNCS_PER_STEP, TARGET_BUILD, TARGET_EVAL,
+                                             StepProfile)
 from mlxspec.measure.verdict import Comparison, markup
+
+# On an eager backend (torch) the "build" parts compute as they go and the "evaluate" parts
+# only wait for an accelerator's queue: the rows say so.
+EAGER_NAMES = {DRAFT_BUILD: "draft: run (Python and arithmetic)", DRAFT_EVAL: "draft: wait for the device",
+               TARGET_BUILD: "target pass: run (Python and arithmetic)", TARGET_EVAL: "target pass: wait for the device"}
 
 
 def _phase_table(result: StepProfile):
     s = result.settings
     total = result.instrumented_ms
-    t = Table(title=f"one step: {s.model} + {s.draft}, K={s.k}, T={s.temp:g} "
+    h = result.header
+    t = Table(title=f"one step: {s.model} ({h.backend}, {h.dtype}) + {s.draft}, K={s.k}, T={s.temp:g} "
                     f"(medians of {s.steps} steps, {s.prompt_tokens}-token prompt)")
     t.add_column("part")
     t.add_column("ms", justify="right")
     t.add_column("share", justify="right")
     for p in result.phases:
-        t.add_row(p.name, f"{p.ms:.2f}", f"{p.ms / total:.0%}" if total > 0 else "-")
+        name = EAGER_NAMES.get(p.name, p.name) if result.eager else p.name
+        t.add_row(name, f"{p.ms:.2f}", f"{p.ms / total:.0%}" if total > 0 else "-")
     t.add_row("[bold]sum (instrumented step)[/]", f"[bold]{total:.2f}[/]", "100%")
-    t.add_row("  of which Python (graph building + bookkeeping)", f"{result.python_ms:.2f}",
-              f"{result.python_ms / total:.0%}" if total > 0 else "-")
-    t.add_row(f"  one host sync (engine: {SYNCS_PER_STEP} a step, inside the evals)",
-              f"{result.sync_ms:.3f}", "")
+    if result.python_ms is not None:
+        t.add_row("  of which Python (graph building + bookkeeping)", f"{result.python_ms:.2f}",
+                  f"{result.python_ms / total:.0%}" if total > 0 else "-")
+    if result.sync_ms is not None:
+        t.add_row(f"  one host sync (engine: {SYNCS_PER_STEP} a step, inside the evals)",
+                  f"{result.sync_ms:.3f}", "")
+    if result.eager:
+        t.caption = "torch runs eagerly: a part's Python and arithmetic are not told apart"
     if result.engine_step_ms is not None:
         t.add_row("engine step (draft + verify, same K)", f"{result.engine_step_ms:.2f}", "")
     return t

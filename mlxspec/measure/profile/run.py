@@ -2,7 +2,8 @@
 after warm-up, as medians over steps (``stepper``); beside it the target pass over L = 1..K+1
 tokens (``costcurve.time_verify``, cache holding the prompt, trimmed back after each pass) with
 the per-extra-token slope in one-token passes (``sweep.verify_slope``), the engine's own step
-time, one host sync's round trip, and with ``compare`` every forward path (``paths``)."""
+time, one host sync's round trip (MLX), and with ``compare`` every forward path (``paths``, MLX). On
+either backend: a loaded model (``measured_target``) runs where it was loaded."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.profile.paths import compare_paths
 from mlxspec.measure.profile.records import PHASES, Phase, ProfileOptions, ProfileSettings, StepProfile, VerifyPass
-from mlxspec.measure.profile.stepper import engine_step_ms, profile_steps, sync_round_trip_ms
+from mlxspec.measure.profile.stepper import eager, engine_step_ms, profile_steps, sync_round_trip_ms
 from mlxspec.measure.runs import encode_prompts, progress_ticker, run_header, spec_bench_prompts
 from mlxspec.measure.sweep import verify_slope
 from mlxspec.targets import loading, store
@@ -39,7 +40,7 @@ def profiled_draft(draft: str, model_spec: Any) -> str:
     return shipped[0] if shipped else DEFAULT_FALLBACK
 
 
-def _check(o: ProfileOptions) -> None:
+def check_options(o: ProfileOptions) -> None:
     """Refuse bad arguments before anything loads."""
     if o.draft in ("none", ""):
         raise MlxspecError(NO_DRAFTER)
@@ -63,10 +64,13 @@ def profile_step(options: ProfileOptions, progress: Callable[[int, int, str], An
     ``options.k``: ``steps`` instrumented steps (after ``warmup``), ``repeats`` rounds of
     target passes (and, with ``compare``, of every forward path)."""
     o = options
-    _check(o)
+    check_options(o)
     draft = profiled_draft(o.draft, o.model)
     params = SamplingParams(o.temp)
     lm = loading.as_loaded(o.model, o.dtype)
+    eager_target = eager(lm.model)
+    if o.compare and eager_target:
+        raise MlxspecError("--compare times MLX's forward paths; this target runs on torch (add --backend mlx)")
     drafter = make_drafter(draft, lm, lm.dtype)
     if drafter is None:
         raise MlxspecError(NO_DRAFTER)
@@ -83,5 +87,5 @@ def profile_step(options: ProfileOptions, progress: Callable[[int, int, str], An
     paths = compare_paths(lm.model, prompt, list(range(1, o.k + 2)), o.repeats, tick) if o.compare else None
     settings = ProfileSettings(lm.name, drafter.name, o.k, o.temp, o.steps, o.warmup, o.repeats, item["id"],
                                len(prompt))
-    return StepProfile(run_header(lm), settings, phases, verify, slope, sync_round_trip_ms(), engine_ms,
-                       sum(accepted) / len(accepted), paths)
+    return StepProfile(run_header(lm), settings, phases, verify, slope, None if eager_target else sync_round_trip_ms(),
+                       engine_ms, sum(accepted) / len(accepted), paths, eager_target)

@@ -2,7 +2,11 @@
 target pass over L = K + 1 tokens built then evaluated, the acceptance rule on its own, and the
 host's bookkeeping (read back, cache rewind, commit). The instrumented step evaluates the target
 pass and the rule apart, which the engine does in one eval; the engine's own step time is taken
-beside it (``engine_step_ms``), so the difference shows what the instrumentation adds."""
+beside it (``engine_step_ms``), so the difference shows what the instrumentation adds.
+
+On torch (eager) a "build" part runs the computation as it is built and an "evaluate" part only
+waits for an accelerator (nothing on the CPU): the step's total stands, the split between
+Python and arithmetic does not (``StepProfile.eager``)."""
 
 from __future__ import annotations
 
@@ -16,9 +20,7 @@ import mlx.core as mx
 from mlxspec.core.cache import check_trimmable, rewind
 from mlxspec.core.drafters import Commit
 from mlxspec.core.engine import NOT_TRIMMABLE_HINT
-from mlxspec.core.prefill import prefill
-from mlxspec.core.sampling import probs
-from mlxspec.core.verify import greedy_verify, pad_vocab, rejection_verify
+from mlxspec.core.ops import ops_for
 from mlxspec.measure.profile.records import (
     ACCEPT,
     BOOKKEEPING,
@@ -50,51 +52,66 @@ def sync_round_trip_ms(probes: int = SYNC_PROBES) -> float:
     return statistics.median(times)
 
 
+def eager(model: Any) -> bool:
+    """Whether ``model`` computes as its operations are called (torch), not when evaluated (MLX)."""
+    return ops_for(model).name != "mlx"
+
+
 class Stepper:
     """The engine's step for one drafter, with a timer around each part (module docstring).
-    Holds the target cache, the history and the last committed token ``y``."""
+    Holds the target cache, the history and the last committed token ``y``; runs on the
+    target's backend (``core.ops``)."""
 
     def __init__(self, lm: Any, drafter: Any, prompt: list[int], params: Any, seed: int = 0):
         self.lm, self.drafter, self.params = lm, drafter, params
         self.model = lm.model
+        self.ops = ops = ops_for(self.model)
         self.cache = check_trimmable(self.model.make_cache(), "the target", NOT_TRIMMABLE_HINT)
         want = drafter.wants_hidden
-        out = prefill(self.model, self.cache, prompt[:-1], return_hidden=want)
+        out = ops.prefill(self.model, self.cache, prompt[:-1], return_hidden=want)
         hidden = out[1] if want else None
-        mx.eval([c.state for c in self.cache], hidden)
+        ops.evaluate([c.state for c in self.cache], hidden)
         drafter.reset(prompt, hidden)
         self.history, self.y = list(prompt), prompt[-1]
-        self.key = mx.random.key(seed)
+        self.key = ops.key(seed)
+
+    def _settle(self, *arrays: Any) -> None:
+        """Wait until ``arrays`` are computed: MLX evaluates them; torch has computed them
+        already and waits only for an accelerator's queue."""
+        self.ops.evaluate(*arrays)
+        if eager(self.model):
+            self.ops.synchronize()
 
     def _draft(self, k: int, key: Any, t: dict[str, float]) -> Any:
         t0 = time.perf_counter()
         proposal = self.drafter.propose(self.history, k, self.params, key)
         t[DRAFT_BUILD] = _ms(t0)
         t0 = time.perf_counter()
-        mx.eval(proposal.tokens, proposal.q)
+        self._settle(proposal.tokens, proposal.q)
         t[DRAFT_EVAL] = _ms(t0)
         return proposal
 
     def _target_pass(self, proposal: Any, t: dict[str, float]) -> tuple[Any, Any]:
-        want = self.drafter.wants_hidden
+        ops, want = self.ops, self.drafter.wants_hidden
         t0 = time.perf_counter()
-        tokens = mx.concatenate([mx.array([self.y], mx.int32), proposal.tokens.astype(mx.int32)])[None]
+        tokens = ops.concatenate([ops.tokens([self.y]), ops.tokens(proposal.tokens)])[None]
         out = self.model(tokens, self.cache, **({"return_hidden": want} if want else {}))
         logits, hidden = (out[0][0], out[1][0]) if want else (out[0], None)
         t[TARGET_BUILD] = _ms(t0)
         t0 = time.perf_counter()
-        mx.eval(logits, hidden)
+        self._settle(logits, hidden)
         t[TARGET_EVAL] = _ms(t0)
         return logits, hidden
 
     def _accept(self, proposal: Any, logits: Any, key: Any, t: dict[str, float]) -> tuple[Any, Any]:
+        ops = self.ops
         t0 = time.perf_counter()
         if self.params.greedy:
-            n_acc, nxt = greedy_verify(proposal.tokens, logits)
+            n_acc, nxt = ops.greedy_verify(proposal.tokens, logits)
         else:
-            p = probs(logits, self.params)
-            n_acc, nxt = rejection_verify(proposal.tokens, pad_vocab(proposal.q, p.shape[-1]), p, key)
-        mx.eval(n_acc, nxt)
+            p = ops.probs(logits, self.params)
+            n_acc, nxt = ops.rejection_verify(proposal.tokens, ops.pad_vocab(proposal.q, p.shape[-1]), p, key)
+        self._settle(n_acc, nxt)
         t[ACCEPT] = _ms(t0)
         return n_acc, nxt
 
@@ -111,7 +128,7 @@ class Stepper:
     def step(self, k: int) -> tuple[dict[str, float], int]:
         """One timed step drafting ``k`` tokens: {phase: ms}, accepted drafts."""
         t: dict[str, float] = {}
-        self.key, draft_key, verify_key = mx.random.split(self.key, 3)
+        self.key, draft_key, verify_key = self.ops.split(self.key, 3)
         proposal = self._draft(k, draft_key, t)
         logits, hidden = self._target_pass(proposal, t)
         n_acc, nxt = self._accept(proposal, logits, verify_key, t)
