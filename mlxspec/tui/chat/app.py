@@ -264,7 +264,7 @@ class ChatApp(App[None], inherit_bindings=False):
         result = self.stats.result = message.result
         self.answer.finish(result.tail, summary_line(self.stats, result))
         self.history.append({"role": "assistant", "content": self.answer.output})
-        if self.stats.target_only and (ms := self.stats.median_verify_ms()):
+        if ms := self.stats.target_only_ms():
             self.baseline = Baseline(ms, "measured: last target-only turn")
         elif ms := self.stats.one_token_ms():
             self.baseline = Baseline(ms, STEPS_SOURCE)

@@ -7,7 +7,6 @@ owns all MLX state. Widgets never see a ``Source``.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
@@ -142,7 +141,7 @@ class ModelSource:
     """The real models: ``loading.load(target)`` and the engine, drafters made on demand."""
 
     def __init__(self, target: str = "default", dtype: str = "auto", *,
-                 loaded: LoadedModel | None = None, baseline_tokens: int = 8,
+                 loaded: LoadedModel | None = None, baseline_tokens: int = 16,
                  auto_k: bool = False, remeasure_cost: bool = False, backend: str = "mlx"):
         self.target, self.dtype, self.backend = target, dtype, backend
         self.lm = loaded
@@ -174,14 +173,15 @@ class ModelSource:
         return self.session.kept
 
     def measure_baseline(self) -> float | None:
-        """Median ms per token of target-only decoding (a short greedy run, EOS ignored).
-        Also warms the model up."""
+        """Ms per token of target-only decoding, as a turn's speed is measured (wall time
+        after the first step: ``Run.decode_tps``), on a short greedy run, EOS ignored. Also
+        warms the model up."""
         if self.baseline_tokens < 2:
             return None
         run = collect_run(Session(self.lm, log=None).stream("Hello! Who are you?", max_tokens=self.baseline_tokens,
                                                             stop_ids=set()))
         _settle()
-        return statistics.median(run.verify_ms[1:])
+        return 1000.0 / run.decode_tps if run.decode_tps else None
 
     def close(self) -> None:
         _settle()
