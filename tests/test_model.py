@@ -48,6 +48,31 @@ def test_first_layers_only():
     assert rel_err(out, model(tokens, model.make_cache())) > 1e-3
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_logit_rows_are_the_last_rows_and_prefill_asks_for_one(tied, monkeypatch):
+    """``logit_rows=n``: the last n rows of the full logits (0: none), the cache as without it;
+    chunked prefill asks for none of its earlier chunks' and one row of the last."""
+    from mlxspec.core import prefill as prefill_module
+
+    mx.random.seed(1)
+    model = Llama(LlamaConfig(**{**TINY.to_dict(), "tie_embeddings": tied}))
+    tokens = mx.array([[3, 14, 15, 9, 26, 5, 35]])
+    c_full = model.make_cache()
+    full = model(tokens, c_full)
+    for n in (0, 1, 3):
+        cache = model.make_cache()
+        part = model(tokens, cache, logit_rows=n)
+        assert part.shape == (1, n, TINY.vocab_size)
+        if n:
+            assert rel_err(part, full[:, 7 - n :]) < 1e-6
+        assert all(mx.array_equal(a.state[0], b.state[0]) for a, b in zip(cache, c_full))
+    monkeypatch.setattr(prefill_module, "PREFILL_CHUNK", 3)
+    asked, call = [], Llama.__call__
+    monkeypatch.setattr(Llama, "__call__", lambda self, *a, **k: asked.append(k.get("logit_rows")) or call(self, *a, **k))
+    last = prefill_module.prefill(model, model.make_cache(), tokens[0].tolist())  # chunks of 3, 3 and 1
+    assert asked == [0, 0, 1] and rel_err(last, full[0, -1]) < 1e-6
+
+
 @pytest.mark.model
 def test_logits_match_mlx_lm_reference(lm):
     ids = mx.array([encode_prompt(lm.tokenizer, "Name three colours of the rainbow.")])

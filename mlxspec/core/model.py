@@ -487,9 +487,12 @@ class Llama(nn.Module):
     block indices (``aux_layers``), the residual stream entering each of those blocks (index
     ``num_layers``: the last block's output, before the final norm), concatenated in ascending
     order of index (B, L, n*D): what an EAGLE-3 head reads.
+    ``logit_rows``: the logits of the last n positions only (``Capabilities.logit_rows``): the
+    last prompt chunk's other rows through the head are work, and up to 100 MB of logits, that
+    prefill never reads.
     """
 
-    capabilities = Capabilities(tree_masks=True, partial_layers=True, hidden_states=True)
+    capabilities = Capabilities(tree_masks=True, partial_layers=True, hidden_states=True, logit_rows=True)
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -550,6 +553,7 @@ class Llama(nn.Module):
         positions: mx.array | None = None,
         num_layers: int | None = None,
         return_hidden: bool | tuple[int, ...] = False,
+        logit_rows: int | None = None,
     ) -> mx.array | tuple[mx.array, mx.array]:
         cfg = self.cfg
         if mask is None and tokens.shape[1] > 1:
@@ -564,7 +568,8 @@ class Llama(nn.Module):
         else:
             h, tapped = self._blocks(h, cache, mask, positions, num_layers, taps)
         h = self.model.norm(h)
-        logits = self.model.embed_tokens.as_linear(h) if cfg.tie_embeddings else self.lm_head(h)
+        read = h if logit_rows is None else h[:, h.shape[1] - logit_rows :]
+        logits = self.model.embed_tokens.as_linear(read) if cfg.tie_embeddings else self.lm_head(read)
         if cfg.final_softcap:
             logits = mx.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         if taps:
