@@ -424,7 +424,7 @@ def profile(
     options = pr.ProfileOptions(model, draft, k, temp, steps, warmup, repeats, dtype, seed, compare)
     pr.check_options(options)
     if compare and backend_spec(backend, device).startswith("torch"):
-        raise MlxspecError("--compare times MLX's forward paths; drop --backend torch or add --backend mlx")
+        raise MlxspecError(pr.COMPARE_ON_TORCH)
     with progress_bar("profile") as progress:
         options = replace(options, model=measured_target(model, dtype, backend, device))
         result = pr.profile_step(options, progress)

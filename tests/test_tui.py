@@ -136,7 +136,7 @@ def test_a_cascade_turn_shows_each_part_and_its_acceptance():
 
 def test_target_only_turn_gives_a_baseline_in_the_measure_of_a_turns_speed():
     """Wall time per token after the first step, as ``tps_turn`` measures a speculative turn:
-    one slow step in four counts (its median, 0.1 s, would call target-only 1.7x as fast)."""
+    one slow step in four counts (its median, 0.1 s, would call target-only 2.3x as fast)."""
     s = TurnStats(started=0.0)
     for t in (0.0, 0.1, 0.2, 0.7):  # steps of 0.1, 0.1 and 0.5 s after the first
         s.add(_step(0, 0, t=t, verify_ms=100.0))

@@ -24,6 +24,7 @@ from mlxspec.targets.costcurve import time_verify
 from mlxspec.targets.drafts import DEFAULT_FALLBACK, make_drafter
 
 NO_DRAFTER = "profile needs a drafter; --draft none drafts nothing (try --draft default or ngram:3)"
+COMPARE_ON_TORCH = "--compare times MLX's forward paths; this target runs on torch (add --backend mlx)"
 
 
 def profiled_draft(draft: str, model_spec: Any) -> str:
@@ -70,7 +71,7 @@ def profile_step(options: ProfileOptions, progress: Callable[[int, int, str], An
     lm = loading.as_loaded(o.model, o.dtype)
     eager_target = eager(lm.model)
     if o.compare and eager_target:
-        raise MlxspecError("--compare times MLX's forward paths; this target runs on torch (add --backend mlx)")
+        raise MlxspecError(COMPARE_ON_TORCH)
     drafter = make_drafter(draft, lm, lm.dtype)
     if drafter is None:
         raise MlxspecError(NO_DRAFTER)

@@ -66,6 +66,7 @@ class Stepper:
         self.lm, self.drafter, self.params = lm, drafter, params
         self.model = lm.model
         self.ops = ops = ops_for(self.model)
+        self.eager = eager(self.model)
         self.cache = check_trimmable(self.model.make_cache(), "the target", NOT_TRIMMABLE_HINT)
         want = drafter.wants_hidden
         out = ops.prefill(self.model, self.cache, prompt[:-1], return_hidden=want)
@@ -79,7 +80,7 @@ class Stepper:
         """Wait until ``arrays`` are computed: MLX evaluates them; torch has computed them
         already and waits only for an accelerator's queue."""
         self.ops.evaluate(*arrays)
-        if eager(self.model):
+        if self.eager:
             self.ops.synchronize()
 
     def _draft(self, k: int, key: Any, t: dict[str, float]) -> Any:
