@@ -7,25 +7,22 @@ through in ``terminal``, ``generate``'s printer in ``printer``."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from mlxspec.errors import MlxspecError
-from mlxspec.flags import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, FrequencyOpt, KFixedOpt, KOpt, LogitBiasOpt,
-                           MinPOpt, ModelOpt, PresenceOpt, RemeasureOpt, RepetitionContextOpt, RepetitionOpt, SystemOpt,
-                           TempOpt, TopKOpt, TopPOpt, TreeNodesOpt, TreeOpt, check_max_tokens, checked_draft, k_option,
-                           measured_target, named_draft, parse_size, read_prompt, sampling_params, tree_option,
-                           with_system)
+from mlxspec.flags import (BACKEND, OUTPUT, PENALTIES, SAMPLING, TORCH, TRAIN, FILTERS, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
+                           RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, bench_checks, check_max_tokens, checked_draft,
+                           grouped,
+                           k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size,
+                           read_prompt, serve_checks, sweep_trees, tree_option, with_system)
 from mlxspec.targets import store
-from mlxspec.terminal import check_out_folder, err, friendly, print_json, progress_bar, write_json
-from mlxspec.torchpath import backend_spec
+from mlxspec.terminal import check_out_folder, err, friendly, models_table, print_json, progress_bar
 
 app = typer.Typer(
     help="Speculative decoding workbench for local LLMs on MLX.",
@@ -41,6 +38,7 @@ app.add_typer(models_app, name="models")
 
 @app.command()
 @friendly
+@grouped
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The user message (chat template applied)."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from a UTF-8 file ('-' for stdin)."),
@@ -48,15 +46,7 @@ def generate(
     system_prompt: Optional[str] = SystemOpt,
     model: str = ModelOpt,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Stop after this many new tokens."),
-    temp: float = TempOpt,
-    top_p: float = TopPOpt,
-    top_k: int = TopKOpt,
-    min_p: float = MinPOpt,
-    repetition_penalty: float = RepetitionOpt,
-    repetition_context_size: int = RepetitionContextOpt,
-    presence_penalty: float = PresenceOpt,
-    frequency_penalty: float = FrequencyOpt,
-    logit_bias: Optional[list[str]] = LogitBiasOpt,
+    params: Any = SAMPLING,
     logprobs: Optional[int] = typer.Option(None, "--logprobs", show_default=False, help="With --json: give each emitted token the target's log-probability (log-softmax after the penalties and bias, before temperature and filters) and its N most likely alternatives (0..20)."),
     seed: int = typer.Option(0, help="Random seed for sampling."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
@@ -67,29 +57,21 @@ def generate(
     tree_nodes: Optional[int] = TreeNodesOpt,
     remeasure_cost: bool = RemeasureOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per token (with its status), then a summary."),
-    backend: str = BackendOpt,
-    device: Optional[str] = DeviceOpt,
+    backend: str = BACKEND,
 ) -> None:
     """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
     (or --draft; --draft none for target-only decoding)."""
-    from mlxspec.core.sampling import MAX_TOP_LOGPROBS
     from mlxspec.printer import ReplyPrinter
     from mlxspec.session import Session, SessionOptions
 
     text = read_prompt(prompt, prompt_file, prompt_opt)
     if system_prompt is not None and raw:
         raise MlxspecError("--system-prompt needs the chat template; drop --raw")
-    params = sampling_params(temp, top_p, top_k, min_p, repetition_penalty, repetition_context_size, presence_penalty,
-                             frequency_penalty, logit_bias)
-    if logprobs is not None and not as_json:
-        raise MlxspecError("--logprobs goes with --json (each token's object carries them)")
-    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-        raise MlxspecError(f"--logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {logprobs}")
+    logprobs = logprobs_option(logprobs, as_json)
     check_max_tokens(max_tokens)
     shape = tree_option(tree, tree_nodes, k, draft)
     k = k_option(k, draft)
-    session = Session.open(SessionOptions(model, dtype, backend_spec(backend, device), named_draft(draft, model), k,
-                                          shape, remeasure_cost))
+    session = Session.open(SessionOptions(model, dtype, backend, named_draft(draft, model), k, shape, remeasure_cost))
     reply = ReplyPrinter(session, "auto" if k is None else k, as_json)
     try:
         for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw, logprobs=logprobs):
@@ -107,14 +89,7 @@ def models_list(as_json: bool = typer.Option(False, "--json", help="Print the li
     if as_json:
         print_json({"home": str(store.home()), "models": rows})
         return
-    table = Table(title=f"models (store: {store.home()})")
-    for col in ("name", "status", "size", "description"):
-        table.add_column(col)
-    for r in rows:
-        status = "[green]present[/]" if r["present"] else "[yellow]not pulled[/]"
-        name = r["name"] + (" (default)" if r["default"] else " (default draft)" if r.get("default_draft") else "")
-        table.add_row(name, status, f"{r['size_mb']} MB", r["description"])
-    Console().print(table)
+    Console().print(models_table(rows, store.home()))
 
 
 @models_app.command("pull")
@@ -134,6 +109,7 @@ def models_pull(
 
 @app.command()
 @friendly
+@grouped
 def chat(
     model: str = ModelOpt,
     draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default, none, ngram[:N], suffix[:N], self:L or a draft path (cycle with a key)."),
@@ -144,17 +120,12 @@ def chat(
     top_p: Optional[float] = typer.Option(None, "--top-p", show_default=False, help="Nucleus sampling mass in (0, 1]."),
     top_k: Optional[int] = typer.Option(None, "--top-k", show_default=False, help="Keep the k most likely tokens (0 = off)."),
     min_p: Optional[float] = typer.Option(None, "--min-p", show_default=False, help="Drop tokens below min-p x the top probability."),
-    repetition_penalty: float = RepetitionOpt,
-    repetition_context_size: int = RepetitionContextOpt,
-    presence_penalty: float = PresenceOpt,
-    frequency_penalty: float = FrequencyOpt,
-    logit_bias: Optional[list[str]] = LogitBiasOpt,
+    params: Any = PENALTIES,
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
     system_prompt: Optional[str] = SystemOpt,
-    backend: str = BackendOpt,
-    device: Optional[str] = DeviceOpt,
+    backend: str = BACKEND,
 ) -> None:
     """Chat in a live terminal UI: tokens coloured by how they were produced (accepted draft,
     correction, bonus, plain), with acceptance statistics and speed beside them; with --tree,
@@ -164,17 +135,15 @@ def chat(
 
     shape = tree_option(tree, tree_nodes, k, draft)
     k = k_option(k, draft)
-    # the penalties and logit bias, checked now; temperature and the filters default to the model's own
-    params = sampling_params(0.0, 1.0, 0, 0.0, repetition_penalty, repetition_context_size, presence_penalty,
-                             frequency_penalty, logit_bias)
     run_chat(model, named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
-             backend=backend_spec(backend, device), top_k=top_k, min_p=min_p, **({"tree": shape} if shape else {}),
+             backend=backend, top_k=top_k, min_p=min_p, **({"tree": shape} if shape else {}),
              **({"sampling": params} if params.processes else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 
 @app.command()
 @friendly
+@grouped
 def bench(
     baseline: bool = typer.Option(False, "--baseline", help="Target-only decode speed: mlxspec vs mlx-lm's stream_generate, and the memory-bandwidth floor."),
     model: str = ModelOpt,
@@ -196,16 +165,11 @@ def bench(
     mlx_lm_k: Optional[int] = typer.Option(None, "--mlx-lm-k", help="Draft tokens per step of mlx-lm's peer (default: --k; 4 under --k auto), e.g. its fastest K from a sweep."),
     dtype: str = DtypeOpt,
     seed: int = typer.Option(0, help="Sampling seed."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+    output: Any = OUTPUT,
     tree: Optional[str] = TreeOpt,
     tree_nodes: Optional[int] = TreeNodesOpt,
-    backend: str = BackendOpt,
-    device: Optional[str] = DeviceOpt,
-    torch_on: Optional[bool] = typer.Option(None, "--torch/--no-torch", help="With --baseline: also time mlxspec on PyTorch, one column per --torch-dtype (default: on when torch is installed)."),
-    torch_dtypes: Optional[list[str]] = typer.Option(None, "--torch-dtype", help="With --baseline: torch dtypes timed beside float32 (repeatable; default: the device's own, on a CPU quantized: the file's 4-bit weights on torch's int4 kernel)."),
-    torch_device: str = typer.Option("cpu", "--torch-device", help="With --baseline: the torch device (cpu, cuda, mps)."),
-    torch_threads: Optional[list[int]] = typer.Option(None, "--torch-threads", help="With --baseline: torch CPU threads (default: torch's own); repeat to time one column per setting in the same run."),
+    backend: str = BACKEND,
+    torch: Any = TORCH,
     busy: int = typer.Option(0, "--busy", help="Keep N cores busy with other processes (a spinning Python loop each) while measuring: speed under load. Every result records the share of the CPUs other processes used (header.others_busy)."),
 ) -> None:
     """Measure speculative vs target-only decoding side by side (medians, ratios, acceptance)."""
@@ -213,37 +177,26 @@ def bench(
 
     shape = tree_option(tree, tree_nodes, k, checked_draft(draft))
     k = k_option(k, draft)
-    if max_tokens <= 0:
-        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
-    if repeats < 1 or warmup < 0:
-        raise MlxspecError("--repeats must be >= 1 and --warmup >= 0")
-    if not 0 <= busy <= (os.cpu_count() or 1):
-        raise MlxspecError(f"--busy must be in 0..{os.cpu_count() or 1} (the cores here), got {busy}")
-    if baseline and against is not None:
-        raise MlxspecError("--against compares two drafters; --baseline times target-only decoding")
-    against = None if against is None else checked_draft(against)
+    against = bench_checks(max_tokens, warmup, repeats, busy, baseline, against)
     with b.busy_cores(busy), progress_bar("bench") as progress:
         if baseline:
-            torch_cols, note = b.torch_columns(torch_on, torch_dtypes, torch_device)
+            torch_cols, note = torch.columns()
             if note:
                 Console(stderr=True).print(f"[yellow]note:[/] {escape(note)}")
             result = b.baseline_bench(b.BaselineOptions(model, dtype, None, max_tokens, warmup, max(repeats, 3),
-                                                        torch_cols, torch_device, torch_threads or ()), progress)
+                                                        torch_cols, torch.device, torch.threads), progress)
         else:
             result = b.spec_bench(b.SpecOptions(
-                measured_target(model, dtype, backend, device), draft, "auto" if k is None else k, tuple(temps), categories,
+                measured_target(model, dtype, backend), draft, "auto" if k is None else k, tuple(temps), categories,
                 per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
                 remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k,
                 against=against, top_p=top_p, min_p=min_p), progress)
-    if as_json:
-        print_json(result.to_json())
-    else:
-        b.print_result(result, Console())
-    write_json(result.to_json(), out)
+    output.emit(result.to_json(), lambda console: b.print_result(result, console))
 
 
 @app.command()
 @friendly
+@grouped
 def verify(
     model: str = ModelOpt,
     draft: str = typer.Option("ngram:3", "--draft", "--draft-model", "-d", help="Drafter whose output distribution is checked."),
@@ -255,10 +208,8 @@ def verify(
     greedy_tokens: int = typer.Option(64, help="Tokens per prompt for the greedy agreement check."),
     quick: bool = typer.Option(False, "--quick", help="Small CI-sized run (600 tokens, 3 greedy prompts)."),
     seed: int = typer.Option(0, help="Base seed."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
-    backend: str = BackendOpt,
-    device: Optional[str] = DeviceOpt,
+    output: Any = OUTPUT,
+    backend: str = BACKEND,
 ) -> None:
     """Check that speculative decoding is exact on the real model: a two-sample chi-squared
     test of sampled tokens against target-only decoding, and token-for-token greedy agreement."""
@@ -267,18 +218,15 @@ def verify(
     options = eq.VerifyOptions(model, draft, k, tokens, temp, top_p, prompts=prompts, greedy_tokens=greedy_tokens,
                                seed=seed, quick=quick).resolved()
     with progress_bar("verify") as progress:
-        result = eq.run_verify(replace(options, model=measured_target(model, "auto", backend, device)), progress).to_json()
-    if as_json:
-        print_json(result)
-    else:
-        eq.print_verify(result, Console())
-    write_json(result, out)
+        result = eq.run_verify(replace(options, model=measured_target(model, "auto", backend)), progress).to_json()
+    output.emit(result, lambda console: eq.print_verify(result, console))
     if not result["passed"]:
         raise typer.Exit(1)
 
 
 @app.command()
 @friendly
+@grouped
 def parity(
     model: str = ModelOpt,
     device: Optional[str] = typer.Option(None, "--device", show_default=False, help="The torch device: cpu, cuda or mps (default: the best this machine has). --device cuda is the CUDA parity run."),
@@ -291,8 +239,7 @@ def parity(
     quick: bool = typer.Option(False, "--quick", help="Small CI-sized run (2 prompts, K 1,4,8, 16 tokens, 50 draws)."),
     seed: int = typer.Option(0, help="Seed of the decision check's drafts and uniforms."),
     torch_threads: int = typer.Option(0, "--torch-threads", help="torch CPU threads for the run (0: torch's default; MLX's CPU matmuls use OPENBLAS_NUM_THREADS)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+    output: Any = OUTPUT,
 ) -> None:
     """Check the PyTorch backend against MLX on the same prompts: relative logit difference per
     layer output and at the head (|mlx - torch| / max |mlx| per position), greedy agreement for
@@ -300,27 +247,13 @@ def parity(
     tokens/s side by side. Exit status 1 when a goal is missed."""
     from mlxspec.measure import parity as pa
     from mlxspec.measure.sweep import parse_ks
-    from mlxspec.torchpath import pick_device, require_torch
-
-    require_torch()
-    device = pick_device(device)
-    from mlxspec.torchpath.load import torch_dtype
-
-    if dtype == "quantized":
-        raise MlxspecError("parity compares torch with its MLX source in float or half precision; --dtype quantized "
-                           "runs the file's 4-bit weights with bfloat16 products, another target (choose auto, "
-                           "float32, float16 or bfloat16)")
-    torch_dtype(dtype, device)
+    device = parity_dtype(dtype, device)
     options = pa.ParityOptions(model, device, dtype, ks=parse_ks(ks), drafters=pa.parse_drafters(draft),
                                prompts=prompts, max_tokens=max_tokens, draws=draws, seed=seed,
                                threads=torch_threads or None).resolved(quick)
     with progress_bar("parity") as progress:
         result = pa.run_parity(options, progress)
-    if as_json:
-        print_json(result.to_json())
-    else:
-        pa.print_parity(result, Console())
-    write_json(result.to_json(), out)
+    output.emit(result.to_json(), lambda console: pa.print_parity(result, console))
     if not result.passed:
         err.print(f"parity: missed goal(s): {'; '.join(result.goals.missed())}")
         raise typer.Exit(1)
@@ -328,6 +261,7 @@ def parity(
 
 @app.command()
 @friendly
+@grouped
 def sweep(
     ks: str = typer.Option("1..8", "--k", "-k", help="Draft lengths: a range (1..8), a list (1,2,4,8) or both (1..3,8)."),
     model: str = ModelOpt,
@@ -342,8 +276,7 @@ def sweep(
     repeats: int = typer.Option(1, help="Timed repeats per K."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+    output: Any = OUTPUT,
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per K as CSV here."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: tokens/s and acceptance against K."),
     tui: bool = typer.Option(False, "--tui", help="Show the sweep live in a terminal UI (q quits); the table is printed after."),
@@ -351,8 +284,7 @@ def sweep(
     remeasure_cost: bool = RemeasureOpt,
     trees: Optional[str] = typer.Option(None, "--tree", show_default=False, help="Tree shapes to time beside the Ks: a list (2x2,3x2,auto), a range (1x1..4x2: every depth 1-4 with branching 1-2) or both; the fastest is named and compared with the best K."),
     tree_nodes: Optional[int] = TreeNodesOpt,
-    backend: str = BackendOpt,
-    device: Optional[str] = DeviceOpt,
+    backend: str = BACKEND,
 ) -> None:
     """Find the draft length K that is fastest in wall-clock time, and say why speculation
     loses when it does (slow draft, serial verification, or low acceptance); with an `auto`
@@ -360,9 +292,9 @@ def sweep(
     from mlxspec.measure import sweep as sw
 
     k_list = sw.parse_ks(ks)
-    shapes = _sweep_flags(temp, top_p, trees, tree_nodes, tui)
+    shapes = sweep_trees(temp, top_p, trees, tree_nodes, tui)
     draft = named_draft(draft, model)
-    options = sw.SweepOptions(k_list, measured_target(model, dtype, backend, device), draft, temp, top_p, prompts_file,
+    options = sw.SweepOptions(k_list, measured_target(model, dtype, backend), draft, temp, top_p, prompts_file,
                               per_category, categories, max_tokens, warmup, repeats, seed, dtype, auto=auto,
                               remeasure_cost=remeasure_cost, trees=shapes)
     if tui:
@@ -375,31 +307,14 @@ def sweep(
     else:
         with progress_bar("sweep") as progress:
             result = sw.run_sweep(options, progress)
-    if as_json:
-        print_json(result.to_json())
-    else:
-        sw.print_sweep(result, Console())
-    write_json(result.to_json(), out)
+    output.emit(result.to_json(), lambda console: sw.print_sweep(result, console))
     for path in sw.write_files(result, csv_out, plot_out):
         err.print(f"[dim]wrote {path}[/]")
 
 
-def _sweep_flags(temp: float, top_p: float, trees: Optional[str], tree_nodes: Optional[int], tui: bool) -> list:
-    """``sweep``'s sampling and tree flags checked before anything loads; the tree shapes to time."""
-    from mlxspec.core.sampling import SamplingParams
-    from mlxspec.core.tree import parse_tree_list
-
-    SamplingParams(temp, top_p)
-    if trees is None and tree_nodes is not None:
-        raise MlxspecError("--tree-nodes caps the --tree shapes; give --tree too")
-    shapes = parse_tree_list(trees, tree_nodes) if trees is not None else []
-    if shapes and tui:
-        raise MlxspecError("the sweep UI shows Ks only; drop --tui to time --tree shapes")
-    return shapes
-
-
 @app.command()
 @friendly
+@grouped
 def profile(
     model: str = ModelOpt,
     draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter to profile (see `generate --help`); default: the registry's default draft, or where that is none, the target's first shipped draft."),
@@ -411,10 +326,8 @@ def profile(
     compare: bool = typer.Option(False, "--compare", help="Also time the target passes of every forward path side by side (plain, tables, tables+compile: see `core.model.CpuPath`)."),
     dtype: str = DtypeOpt,
     seed: int = typer.Option(0, help="Sampling seed."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
-    backend: str = BackendOpt,
-    device: Optional[str] = DeviceOpt,
+    output: Any = OUTPUT,
+    backend: str = BACKEND,
 ) -> None:
     """Break one speculative step into draft, target pass (over L = 1..K+1 tokens), acceptance
     rule, host syncs and Python overhead, with medians over steps, on the backend generate
@@ -423,56 +336,20 @@ def profile(
 
     options = pr.ProfileOptions(model, draft, k, temp, steps, warmup, repeats, dtype, seed, compare)
     pr.check_options(options)
-    if compare and backend_spec(backend, device).startswith("torch"):
+    if compare and backend.startswith("torch"):
         raise MlxspecError(pr.COMPARE_ON_TORCH)
     with progress_bar("profile") as progress:
-        options = replace(options, model=measured_target(model, dtype, backend, device))
+        options = replace(options, model=measured_target(model, dtype, backend))
         result = pr.profile_step(options, progress)
-    if as_json:
-        print_json(result.to_json())
-    else:
-        pr.print_profile(result, Console())
-    write_json(result.to_json(), out)
+    output.emit(result.to_json(), lambda console: pr.print_profile(result, console))
 
 
 @app.command("train-draft")
 @friendly
+@grouped
 def train_draft(
-    out: Path = typer.Option(..., "--out", "-o", help="Folder for the draft (weights, config, model card, checkpoint)."),
-    model: str = ModelOpt,
-    loss: str = typer.Option("wtv", "--loss", help="kl (forward KL), eal (greedy expected accepted length) or wtv (window total variation at --temp)."),
-    grpo: bool = typer.Option(False, "--grpo", help="Add a GRPO stage after distillation (reward: simulated accepted length)."),
-    grpo_steps: int = typer.Option(60, help="GRPO steps when --grpo is set."),
-    grpo_group: int = typer.Option(8, help="GRPO: drafts sampled per context (G)."),
-    grpo_reward: str = typer.Option("auto", help="GRPO reward: greedy, sampling, or auto (greedy for eal, sampling otherwise)."),
-    layers: int = typer.Option(2, help="Draft blocks (1-4)."),
-    hidden: Optional[int] = typer.Option(None, help="Draft hidden size (default: the target's; another size needs --init random)."),
-    head_vocab: int = typer.Option(8192, help="Rows of the reduced-vocabulary head (most frequent tokens of the data)."),
-    init: str = typer.Option("target", help="target (copy the target's first blocks, norm and head rows) or random."),
-    window: int = typer.Option(5, "--window", help="Window K of draft positions the objective covers."),
-    temp: float = typer.Option(1.0, "--temp", "-t", help="Temperature of p and q in kl and wtv."),
-    steps: int = typer.Option(400, help="Distillation steps."),
-    batch: int = typer.Option(8, help="Sequences per step."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate (warm-up, then cosine decay); default 3e-4."),
-    prompts: int = typer.Option(320, help="Training prompts (distillation data is built once and cached)."),
-    max_new_tokens: int = typer.Option(96, help="Target-generated tokens per training prompt."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Distillation set (.npz): used if present, else built and saved there."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --out."),
-    checkpoint_every: int = typer.Option(100, help="Steps between checkpoints."),
-    seed: int = typer.Option(0, help="Seed for data, initialisation, batch order and GRPO sampling."),
-    quick: bool = typer.Option(False, "--quick", help="CI-sized run (~1-2 minutes): 12 prompts, 1 layer, 1024-token head, 40 steps."),
+    options: Any = TRAIN,
     as_json: bool = typer.Option(False, "--json", help="Print the summary and per-step log as JSON to stdout."),
-    arch: str = typer.Option("draft", "--arch", help="draft (llama blocks on the target's embeddings), eagle (one block reading the target's hidden states; see --examples-per-category) or eagle3 (an EAGLE-3 head on three of the target's layers, written in the published format vLLM and SGLang load; no feature regression)."),
-    examples_per_category: int = typer.Option(300, help="eagle: corpus examples per category (11 categories; see mlxspec/training/SOURCES.md)."),
-    max_examples: Optional[int] = typer.Option(None, help="eagle: use only the first N corpus examples (categories interleaved)."),
-    target_written: int = typer.Option(0, help="eagle: also train on the target's own answers (half greedy, half T=1) to the first N corpus prompts: the text it drafts along. Generated once and cached; fastest with --backend torch."),
-    feature_weight: float = typer.Option(0.5, help="eagle: weight of the feature regression beside the token loss."),
-    context: int = typer.Option(192, help="eagle: slots per training window."),
-    backend: str = typer.Option("mlx", "--backend", help="eagle, eagle3: where the target's features are built and the head trains: mlx, or torch (the same weights on PyTorch, needs the torch extra; on this CPU features 6-8x and training ~2.5x faster). The head is saved in MLX's format either way."),
-    device: Optional[str] = DeviceOpt,
-    aux_layers: Optional[str] = typer.Option(None, "--aux-layers", help="eagle3: the target blocks whose input the head reads, comma-separated (its config's eagle_aux_hidden_state_layer_ids; L, the layer count, is the last block's output); default 2, L/2, L-3, as vLLM and SGLang tap."),
-    zero_layers: Optional[str] = typer.Option(None, "--zero-layers", help="eagle3, for ablations: of --aux-layers, those the head is trained without (their states zeroed, their fc columns kept at zero), e.g. --aux-layers 2,15,27,30 --zero-layers 2,15,27 reads the last layer only, from the same cached features as --zero-layers 30. Where two or more taps are left, the head is written with those taps alone (the same function: the dropped fc columns are zero)."),
-    share_embeddings: bool = typer.Option(False, "--share-embeddings", help="eagle3: write the head without the target's embedding table (mlxspec, vLLM and SGLang then take the target's own); a head shipped in a wheel stays small. By default the table is stored, as published heads do."),
 ) -> None:
     """Train a draft for the target with an acceptance-aware loss. --arch draft: self-distillation,
     the target continues prompts from ../shared/data (Spec-Bench questions removed) and its
@@ -481,11 +358,10 @@ def train_draft(
     --arch eagle3: the same for an EAGLE-3 head (three of the target's layers fused), saved as
     config.json + model.safetensors that vLLM and SGLang load unchanged. Data is built once and
     cached."""
-    flags = dict(locals())  # the parameters, one TrainOptions field each
     from mlxspec.training import run
 
     with progress_bar() as progress:
-        result = run.train_draft(run.TrainOptions(**{k: v for k, v in flags.items() if k != "as_json"}), progress.report)
+        result = run.train_draft(options, progress.report)
     err.print(result.message)
     if as_json:
         print_json(result.summary)
@@ -493,6 +369,7 @@ def train_draft(
 
 @app.command("eval-draft")
 @friendly
+@grouped
 def eval_draft(
     draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Draft folder, registry draft name or any drafter spec."),
     model: str = ModelOpt,
@@ -503,24 +380,18 @@ def eval_draft(
     max_tokens: int = typer.Option(48, "--max-tokens", "-n", help="New tokens per prompt."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the table."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."),
+    output: Any = OUTPUT,
 ) -> None:
     """Mean accepted length per step (tau) and per-position acceptance of a draft, greedy and
     sampled, with the real engine on held-out prompts."""
     from mlxspec.measure import evaldraft as ev
     from mlxspec.measure.sweep import parse_ks
 
-    if max_tokens <= 0:
-        raise MlxspecError(f"--max-tokens must be > 0, got {max_tokens}")
+    check_max_tokens(max_tokens)
     options = ev.EvalOptions(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype)
     with progress_bar("eval") as progress:
         result = ev.eval_draft(options, progress)
-    if as_json:
-        print_json(result.to_json())
-    else:
-        ev.print_eval(result, Console())
-    write_json(result.to_json(), out)
+    output.emit(result.to_json(), lambda console: ev.print_eval(result, console))
 
 
 @app.command("export-draft")
@@ -532,14 +403,12 @@ def export_draft(
 ) -> None:
     """Write a trained draft as a standalone mlx-lm model folder (embeddings included), usable
     as `mlx_lm.generate --draft-model OUT`."""
-    from mlxspec.targets.eagle3 import find_eagle3
+    from mlxspec.targets.eagle3 import refuse_eagle3_export
     from mlxspec.targets.folders import export_mlx_lm, resolve_draft
     from mlxspec.targets.loading import load
     from mlxspec.targets.mlxlm import require_native
 
-    if find_eagle3(draft) is not None:  # before the target loads: nothing to convert
-        raise MlxspecError(f"{draft} is an EAGLE-3 head: it reads the target's hidden states, so it has no standalone "
-                           "mlx-lm form; vLLM and SGLang load its folder as it is (README, \"EAGLE-3 heads\")")
+    refuse_eagle3_export(draft)  # before the target loads: nothing to convert
     check_out_folder(out)
     target = load(model, "float32")
     require_native(target, "export-draft")
@@ -549,14 +418,12 @@ def export_draft(
 
 @app.command()
 @friendly
+@grouped
 def serve(
     model: str = ModelOpt,
     draft: str = DraftOpt,
     k: Optional[str] = KOpt,
-    temp: float = typer.Option(0.0, "--temp", "-t", help="Default sampling temperature (a request's temperature wins)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Default nucleus sampling mass (a request's top_p wins)."),
-    top_k: int = typer.Option(0, "--top-k", help="Default top-k (0 = off; a request's top_k wins)."),
-    min_p: float = typer.Option(0.0, "--min-p", help="Default min-p (a request's min_p wins)."),
+    defaults: Any = FILTERS,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="New tokens when a request gives no max_tokens."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
@@ -564,25 +431,20 @@ def serve(
     port: int = typer.Option(8080, "--port", help="Port to listen on (0: any free port)."),
     tree: Optional[str] = TreeOpt,
     tree_nodes: Optional[int] = TreeNodesOpt,
-    backend: str = BackendOpt,
-    device: Optional[str] = DeviceOpt,
+    backend: str = BACKEND,
     prompt_cache_size: int = typer.Option(10, "--prompt-cache-size", help="Conversations whose caches are kept between requests, least recently used dropped first (clients taking turns each find theirs)."),
     prompt_cache_bytes: str = typer.Option("2G", "--prompt-cache-bytes", help="Memory those caches may hold at most: bytes, or with M or G (decimal units)."),
 ) -> None:
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
     /v1/completions, streaming too) over the same engine and drafters as generate; requests are
-    decoded one at a time. Ctrl-C stops it."""
+    decoded one at a time. --temp, --top-p, --top-k and --min-p are defaults: a request's own
+    values win. Ctrl-C stops it."""
     from mlxspec.serve import ServeOptions, run_server
 
-    sampling_params(temp, top_p, top_k, min_p)  # refuse bad defaults before the model loads
-    check_max_tokens(max_tokens)
-    if not 0 <= port <= 65535:
-        raise MlxspecError(f"--port must be in 0..65535 (0: any free port), got {port}")
-    if prompt_cache_size < 1:
-        raise MlxspecError(f"--prompt-cache-size must be >= 1, got {prompt_cache_size}")
+    serve_checks(max_tokens, port, prompt_cache_size)
     shape = tree_option(tree, tree_nodes, k, draft)
-    options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), temp, top_p, max_tokens, dtype,
-                           remeasure_cost, host, port, shape, backend_spec(backend, device), top_k, min_p,
+    options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), defaults.temperature, defaults.top_p,
+                           max_tokens, dtype, remeasure_cost, host, port, shape, backend, defaults.top_k, defaults.min_p,
                            prompt_cache_size=prompt_cache_size,
                            prompt_cache_bytes=parse_size(prompt_cache_bytes, "--prompt-cache-bytes"))
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
@@ -590,6 +452,7 @@ def serve(
 
 @app.command()
 @friendly
+@grouped
 def study(
     model: str = ModelOpt,
     draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="A drafter that can branch: a draft model, self:L, an eagle head or ngram:N. default: the registry's draft model for the target (smollm2-135m-draft for the default model: like the paper's TinyLlama a separate small model, and it accepts far more than the target's own first layers do here), else self:L with half the target's layers."),
@@ -605,11 +468,9 @@ def study(
     log: Optional[Path] = typer.Option(None, "--log", help="The per-node JSON-lines log (default: $MLXSPEC_HOME/study/SETTINGS.jsonl, named for the settings); a rerun with the same settings resumes it."),
     fresh: bool = typer.Option(False, "--fresh", help="Start the log again instead of resuming it."),
     held_out: bool = typer.Option(False, "--held-out", help="Pass over the prompts a trained draft was distilled on (the shipped draft saw some HumanEval, GSM8K and FOLIO items), taking the next ones instead."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result as JSON to this file (and, without --plot, the plots beside it)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs PREFIX-depth.png and PREFIX-entropy.png: acceptance by tree depth and by target entropy, per domain."),
-    backend: str = BackendOpt,
-    device: Optional[str] = DeviceOpt,
+    output: Any = OUTPUT,
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs PREFIX-depth.png and PREFIX-entropy.png: acceptance by tree depth and by target entropy, per domain (default: beside --out, when given)."),
+    backend: str = BACKEND,
 ) -> None:
     """When are drafts accepted? Tree speculation over four domains with every verified node
     logged (depth, draft and target probability, target entropy, accepted), then acceptance by
@@ -619,20 +480,11 @@ def study(
     options = st.StudyOptions(model, draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
                               fresh, held_out, quick).resolved()
     options.check()
-    if out is not None and out.is_dir():
-        raise MlxspecError(f"--out {out} is a folder; give a file")
     with progress_bar("study: loading") as progress:
-        def on_log(path: Path, before: int) -> None:
-            err.print(f"[dim]log: {path}" + (f" (resuming: {before} prompts done)" if before else "") + "[/]")
-
-        options = replace(options, model=measured_target(model, dtype, backend, device))
-        result = st.run_study(options, progress, on_log)
-    if as_json:
-        print_json(result.to_json())
-    else:
-        st.print_study(result, Console())
-    write_json(result.to_json(), out)
-    prefix = plot if plot is not None else out.with_suffix("") if out is not None else None
+        options = replace(options, model=measured_target(model, dtype, backend))
+        result = st.run_study(options, progress, lambda path, before: err.print(st.log_line(path, before)))
+    output.emit(result.to_json(), lambda console: st.print_study(result, console))
+    prefix = plot if plot is not None else output.out.with_suffix("") if output.out is not None else None
     if prefix is not None:
         for p in st.plot_study(result, prefix):
             err.print(f"[dim]wrote {p}[/]")

@@ -8,7 +8,12 @@ where it is installed), and ``mlxspec --help`` or a refused flag must not wait f
 
 from __future__ import annotations
 
+import functools
+import inspect
+import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,6 +21,7 @@ import typer
 
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
+from mlxspec.terminal import Output
 from mlxspec.torchpath import backend_spec
 
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
@@ -42,6 +48,43 @@ PresenceOpt = typer.Option(0.0, "--presence-penalty", help="OpenAI's presence pe
 FrequencyOpt = typer.Option(0.0, "--frequency-penalty", help="OpenAI's frequency penalty in [-2, 2]: subtracted from a token's logit once per time it occurs among the last 20.")
 LogitBiasOpt = typer.Option(None, "--logit-bias", show_default=False, metavar="ID=BIAS", help="ID=BIAS: add BIAS (-100..100) to token ID's logit; repeat for more tokens.")
 
+
+
+@dataclass(frozen=True)
+class FlagGroup:
+    """Flags several commands take together, declared once: (parameter, type, typer option)
+    each, and ``make``, which turns their values into the one value a command receives."""
+
+    flags: tuple[tuple[str, Any, Any], ...]
+    make: Callable[..., Any]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.flags)
+
+
+def grouped(command: Callable) -> Callable:
+    """A command some of whose parameters default to a ``FlagGroup``: Typer sees each group's
+    flags in that parameter's place, and the command gets the value the group makes of them."""
+    signature = inspect.signature(command, eval_str=True)
+    groups = {p.name: p.default for p in signature.parameters.values() if isinstance(p.default, FlagGroup)}
+    params = []
+    for p in signature.parameters.values():
+        if p.name in groups:
+            params += [inspect.Parameter(n, p.POSITIONAL_OR_KEYWORD, default=opt, annotation=t)
+                       for n, t, opt in groups[p.name].flags]
+        else:
+            params.append(p)
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        for name, group in groups.items():
+            kwargs[name] = group.make(**{n: kwargs.pop(n) for n in group.names})
+        return command(**kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 def k_option(k: Optional[str], draft: str) -> int | str | None:
     """``--k`` checked before anything loads: an int, ``"auto"``, or None when not given (auto
@@ -84,6 +127,30 @@ def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.
                           repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
                           frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias or []))
 
+
+
+def _penalties(repetition_penalty: float = 1.0, repetition_context_size: int = 20, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, logit_bias: Optional[list[str]] = None) -> Any:
+    """The logits processors alone (temperature and the filters left to the model's defaults)."""
+    return sampling_params(0.0, 1.0, 0, 0.0, repetition_penalty, repetition_context_size, presence_penalty,
+                           frequency_penalty, logit_bias)
+
+
+_PENALTY_FLAGS = (("repetition_penalty", float, RepetitionOpt), ("repetition_context_size", int, RepetitionContextOpt),
+                  ("presence_penalty", float, PresenceOpt), ("frequency_penalty", float, FrequencyOpt),
+                  ("logit_bias", Optional[list[str]], LogitBiasOpt))
+# Every sampling flag, made into one checked ``SamplingParams``.
+SAMPLING = FlagGroup((("temp", float, TempOpt), ("top_p", float, TopPOpt), ("top_k", int, TopKOpt),
+                      ("min_p", float, MinPOpt), *_PENALTY_FLAGS), sampling_params)
+# Temperature and the filters alone (the server's request defaults).
+FILTERS = FlagGroup(SAMPLING.flags[:4], sampling_params)
+# The penalties and logit bias alone, for a command whose temperature and filters default to the model's.
+PENALTIES = FlagGroup(_PENALTY_FLAGS, _penalties)
+# --backend and --device as one backend spec ("mlx", "torch:cpu", ...).
+BACKEND = FlagGroup((("backend", str, BackendOpt), ("device", Optional[str], DeviceOpt)), backend_spec)
+OUTPUT = FlagGroup((("as_json", bool, typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables.")),
+                    ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Write the result as JSON to this file."))),
+                   Output)
 
 def parse_logit_bias(items: list[str]) -> tuple[tuple[int, float], ...]:
     """``--logit-bias ID=BIAS`` values as (id, bias) pairs."""
@@ -180,12 +247,135 @@ def named_draft(draft: str, target: str) -> str:
     return store.default_draft(resolve(target)[0]) or DEFAULT_FALLBACK
 
 
-def measured_target(model: str, dtype: str, backend: str, device: Optional[str]) -> Any:
+def measured_target(model: str, dtype: str, spec: str) -> Any:
     """``--model`` as the measurements take it: the spec on MLX (they load it themselves),
-    the model already loaded on torch."""
-    spec = backend_spec(backend, device)
+    the model already loaded on torch (``spec``: a ``backend_spec``)."""
     if spec == "mlx":
         return model
     from mlxspec.targets import loading
 
     return loading.load(model, dtype, spec)
+
+
+def train_options(**values: Any) -> Any:
+    """``train-draft``'s flags as the ``TrainOptions`` record its pipeline takes (one field a flag)."""
+    from mlxspec.training.run import TrainOptions
+
+    return TrainOptions(**values)
+
+
+# train-draft's flags: each a ``training.run.TrainOptions`` field of the same name.
+TRAIN = FlagGroup((
+    ("out", Path, typer.Option(..., "--out", "-o", help="Folder for the draft (weights, config, model card, checkpoint).")),
+    ("model", str, ModelOpt),
+    ("loss", str, typer.Option("wtv", "--loss", help="kl (forward KL), eal (greedy expected accepted length) or wtv (window total variation at --temp).")),
+    ("grpo", bool, typer.Option(False, "--grpo", help="Add a GRPO stage after distillation (reward: simulated accepted length).")),
+    ("grpo_steps", int, typer.Option(60, help="GRPO steps when --grpo is set.")),
+    ("grpo_group", int, typer.Option(8, help="GRPO: drafts sampled per context (G).")),
+    ("grpo_reward", str, typer.Option("auto", help="GRPO reward: greedy, sampling, or auto (greedy for eal, sampling otherwise).")),
+    ("layers", int, typer.Option(2, help="Draft blocks (1-4).")),
+    ("hidden", Optional[int], typer.Option(None, help="Draft hidden size (default: the target's; another size needs --init random).")),
+    ("head_vocab", int, typer.Option(8192, help="Rows of the reduced-vocabulary head (most frequent tokens of the data).")),
+    ("init", str, typer.Option("target", help="target (copy the target's first blocks, norm and head rows) or random.")),
+    ("window", int, typer.Option(5, "--window", help="Window K of draft positions the objective covers.")),
+    ("temp", float, typer.Option(1.0, "--temp", "-t", help="Temperature of p and q in kl and wtv.")),
+    ("steps", int, typer.Option(400, help="Distillation steps.")),
+    ("batch", int, typer.Option(8, help="Sequences per step.")),
+    ("lr", Optional[float], typer.Option(None, help="Peak learning rate (warm-up, then cosine decay); default 3e-4.")),
+    ("prompts", int, typer.Option(320, help="Training prompts (distillation data is built once and cached).")),
+    ("max_new_tokens", int, typer.Option(96, help="Target-generated tokens per training prompt.")),
+    ("data", Optional[Path], typer.Option(None, "--data", help="Distillation set (.npz): used if present, else built and saved there.")),
+    ("resume", bool, typer.Option(False, "--resume", help="Continue from the checkpoint in --out.")),
+    ("checkpoint_every", int, typer.Option(100, help="Steps between checkpoints.")),
+    ("seed", int, typer.Option(0, help="Seed for data, initialisation, batch order and GRPO sampling.")),
+    ("quick", bool, typer.Option(False, "--quick", help="CI-sized run (~1-2 minutes): 12 prompts, 1 layer, 1024-token head, 40 steps.")),
+    ("arch", str, typer.Option("draft", "--arch", help="draft (llama blocks on the target's embeddings), eagle (one block reading the target's hidden states; see --examples-per-category) or eagle3 (an EAGLE-3 head on three of the target's layers, written in the published format vLLM and SGLang load; no feature regression).")),
+    ("examples_per_category", int, typer.Option(300, help="eagle: corpus examples per category (11 categories; see mlxspec/training/SOURCES.md).")),
+    ("max_examples", Optional[int], typer.Option(None, help="eagle: use only the first N corpus examples (categories interleaved).")),
+    ("target_written", int, typer.Option(0, help="eagle: also train on the target's own answers (half greedy, half T=1) to the first N corpus prompts: the text it drafts along. Generated once and cached; fastest with --backend torch.")),
+    ("feature_weight", float, typer.Option(0.5, help="eagle: weight of the feature regression beside the token loss.")),
+    ("context", int, typer.Option(192, help="eagle: slots per training window.")),
+    ("backend", str, typer.Option("mlx", "--backend", help="eagle, eagle3: where the target's features are built and the head trains: mlx, or torch (the same weights on PyTorch, needs the torch extra; on this CPU features 6-8x and training ~2.5x faster). The head is saved in MLX's format either way.")),
+    ("device", Optional[str], DeviceOpt),
+    ("aux_layers", Optional[str], typer.Option(None, "--aux-layers", help="eagle3: the target blocks whose input the head reads, comma-separated (its config's eagle_aux_hidden_state_layer_ids; L, the layer count, is the last block's output); default 2, L/2, L-3, as vLLM and SGLang tap.")),
+    ("zero_layers", Optional[str], typer.Option(None, "--zero-layers", help="eagle3, for ablations: of --aux-layers, those the head is trained without (their states zeroed, their fc columns kept at zero), e.g. --aux-layers 2,15,27,30 --zero-layers 2,15,27 reads the last layer only, from the same cached features as --zero-layers 30. Where two or more taps are left, the head is written with those taps alone (the same function: the dropped fc columns are zero).")),
+    ("share_embeddings", bool, typer.Option(False, "--share-embeddings", help="eagle3: write the head without the target's embedding table (mlxspec, vLLM and SGLang then take the target's own); a head shipped in a wheel stays small. By default the table is stored, as published heads do.")),
+), train_options)
+
+
+def bench_checks(max_tokens: int, warmup: int, repeats: int, busy: int, baseline: bool, against: Optional[str]
+                 ) -> Optional[str]:
+    """``bench``'s counts and modes checked before anything loads; ``--against`` checked as a drafter."""
+    check_max_tokens(max_tokens)
+    if repeats < 1 or warmup < 0:
+        raise MlxspecError("--repeats must be >= 1 and --warmup >= 0")
+    if not 0 <= busy <= (os.cpu_count() or 1):
+        raise MlxspecError(f"--busy must be in 0..{os.cpu_count() or 1} (the cores here), got {busy}")
+    if baseline and against is not None:
+        raise MlxspecError("--against compares two drafters; --baseline times target-only decoding")
+    return None if against is None else checked_draft(against)
+
+
+def sweep_trees(temp: float, top_p: float, trees: Optional[str], tree_nodes: Optional[int], tui: bool) -> list:
+    """``sweep``'s sampling and tree flags checked before anything loads; the tree shapes to time."""
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.core.tree import parse_tree_list
+
+    SamplingParams(temp, top_p)
+    if trees is None and tree_nodes is not None:
+        raise MlxspecError("--tree-nodes caps the --tree shapes; give --tree too")
+    shapes = parse_tree_list(trees, tree_nodes) if trees is not None else []
+    if shapes and tui:
+        raise MlxspecError("the sweep UI shows Ks only; drop --tui to time --tree shapes")
+    return shapes
+
+
+def logprobs_option(logprobs: Optional[int], as_json: bool) -> Optional[int]:
+    """``generate --logprobs N``: only with --json, N within what the engine reports."""
+    from mlxspec.core.sampling import MAX_TOP_LOGPROBS
+
+    if logprobs is not None and not as_json:
+        raise MlxspecError("--logprobs goes with --json (each token's object carries them)")
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise MlxspecError(f"--logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {logprobs}")
+    return logprobs
+
+
+def parity_dtype(dtype: str, device: Optional[str]) -> str:
+    """``parity --dtype`` checked for the torch ``device`` it will run on (which it returns)."""
+    from mlxspec.torchpath import pick_device, require_torch
+
+    require_torch()
+    device = pick_device(device)
+    from mlxspec.torchpath.load import torch_dtype  # imports torch, an optional extra
+
+    if dtype == "quantized":
+        raise MlxspecError("parity compares torch with its MLX source in float or half precision; --dtype quantized "
+                           "runs the file's 4-bit weights with bfloat16 products, another target (choose auto, "
+                           "float32, float16 or bfloat16)")
+    torch_dtype(dtype, device)
+    return device
+
+
+def serve_checks(max_tokens: int, port: int, prompt_cache_size: int) -> None:
+    check_max_tokens(max_tokens)
+    if not 0 <= port <= 65535:
+        raise MlxspecError(f"--port must be in 0..65535 (0: any free port), got {port}")
+    if prompt_cache_size < 1:
+        raise MlxspecError(f"--prompt-cache-size must be >= 1, got {prompt_cache_size}")
+
+
+def torch_flags(torch_on: Optional[bool], torch_dtypes: Optional[list[str]], torch_device: str,
+                torch_threads: Optional[list[int]]) -> Any:
+    from mlxspec.measure.bench import TorchFlags
+
+    return TorchFlags(torch_on, tuple(torch_dtypes or ()), torch_device, tuple(torch_threads or ()))
+
+
+# bench --baseline's torch columns.
+TORCH = FlagGroup((
+    ("torch_on", Optional[bool], typer.Option(None, "--torch/--no-torch", help="With --baseline: also time mlxspec on PyTorch, one column per --torch-dtype (default: on when torch is installed).")),
+    ("torch_dtypes", Optional[list[str]], typer.Option(None, "--torch-dtype", help="With --baseline: torch dtypes timed beside float32 (repeatable; default: the device's own, on a CPU quantized: the file's 4-bit weights on torch's int4 kernel).")),
+    ("torch_device", str, typer.Option("cpu", "--torch-device", help="With --baseline: the torch device (cpu, cuda, mps).")),
+    ("torch_threads", Optional[list[int]], typer.Option(None, "--torch-threads", help="With --baseline: torch CPU threads (default: torch's own); repeat to time one column per setting in the same run.")),
+), torch_flags)

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from mlxspec.core.events import Done, Event, Status, Step, Token
-from mlxspec.measure.runs import Run, RunCollector
+from mlxspec.core.runs import Run, RunCollector
 from mlxspec.session import Session, StepText
 from mlxspec.terminal import err
 

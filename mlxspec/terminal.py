@@ -17,6 +17,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from mlxspec.errors import MlxspecError
@@ -75,6 +76,26 @@ def print_json(result: dict) -> None:
     print(json.dumps(result, indent=2))
 
 
+@dataclass(frozen=True)
+class Output:
+    """Where a measurement's result goes: ``--json`` (stdout, instead of the tables) and ``--out``."""
+
+    as_json: bool = False
+    out: Optional[Path] = None
+
+    def __post_init__(self) -> None:  # refused before a long run, not after it
+        if self.out is not None and self.out.is_dir():
+            raise MlxspecError(f"--out {self.out} is a folder; give a file")
+
+    def emit(self, result: dict, render: Callable[[Console], None]) -> None:
+        """The result as JSON on stdout, or rendered for a person; then written to ``--out``."""
+        if self.as_json:
+            print_json(result)
+        else:
+            render(Console())
+        write_json(result, self.out)
+
+
 def write_json(result: dict, path: Optional[Path]) -> None:
     """``--out PATH``: the result as a JSON file (nothing when no path was given)."""
     if path is not None:
@@ -90,3 +111,15 @@ def check_out_folder(out: Path) -> None:
     """Refuse a ``--out`` folder that is a file now, before minutes of work, not after."""
     if out.exists() and not out.is_dir():
         raise MlxspecError(f"--out {out} is a file; give a folder")
+
+
+def models_table(rows: list[dict], home: Path) -> Table:
+    """``models list``: the registry's models and whether each is in the store at ``home``."""
+    table = Table(title=f"models (store: {home})")
+    for col in ("name", "status", "size", "description"):
+        table.add_column(col)
+    for r in rows:
+        status = "[green]present[/]" if r["present"] else "[yellow]not pulled[/]"
+        name = r["name"] + (" (default)" if r["default"] else " (default draft)" if r.get("default_draft") else "")
+        table.add_row(name, status, f"{r['size_mb']} MB", r["description"])
+    return table

@@ -15,7 +15,7 @@ from mlxspec.core.events import Done, Status, Step, Token
 from mlxspec.errors import MlxspecError
 from mlxspec.measure import bench, runs
 from mlxspec.measure.bench import baseline, speculative
-from mlxspec.measure.runs import Run
+from mlxspec.core.runs import Run
 from mlxspec.measure.verdict import Kind, Verdict, median_ratio, pooled_ratio
 
 

@@ -473,3 +473,31 @@ def test_generate_reports_logprobs_the_same_with_or_without_a_drafter():
         assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-3)
         assert len(a["top_logprobs"]) == 2 and a["top_logprobs"][0]["logprob"] >= a["top_logprobs"][1]["logprob"]
         assert a["top_logprobs"][0]["token"] == a["token"]  # greedy: the choice is the most likely
+
+
+def test_a_flag_group_reaches_its_command_as_one_value():
+    """``grouped``: Typer sees the group's flags, the command the value the group makes of them."""
+    import typer
+    from typer.testing import CliRunner
+
+    from mlxspec.flags import OUTPUT, SAMPLING, grouped
+    from mlxspec.terminal import Output
+
+    seen = {}
+    demo = typer.Typer()
+
+    @demo.command()
+    @grouped
+    def run(n: int = typer.Option(1, "-n"), params=SAMPLING, output=OUTPUT) -> None:
+        seen.update(n=n, params=params, output=output)
+
+    r = CliRunner().invoke(demo, ["-n", "3", "--temp", "0.7", "--min-p", "0.1", "--logit-bias", "5=-2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert seen["n"] == 3 and seen["output"] == Output(as_json=True, out=None)
+    p = seen["params"]
+    assert (p.temperature, p.min_p, p.top_p, p.logit_bias) == (0.7, 0.1, 1.0, ((5, -2.0),))
+
+
+def test_out_naming_a_folder_is_refused_before_the_run(tmp_path):
+    r = invoke("study", "--quick", "--out", str(tmp_path))
+    one_line_error(r, "is a folder; give a file")

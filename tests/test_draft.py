@@ -143,7 +143,7 @@ def test_export_gives_an_mlx_lm_draft_model(tmp_path, lm, quick_draft):
     from mlx_lm.generate import stream_generate
     from mlx_lm.utils import load as mlx_lm_load
 
-    from mlxspec.targets.loading import to_mlx_lm
+    from mlxspec.targets.export import to_mlx_lm
     from mlxspec.targets.tokenizer import encode_prompt
 
     out, _ = quick_draft

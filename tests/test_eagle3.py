@@ -32,7 +32,7 @@ from mlxspec.core.model import Llama
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import parse_tree
 from mlxspec.errors import MlxspecError
-from mlxspec.targets import loading
+from mlxspec.targets import families, loading
 from mlxspec.targets.drafts import make_drafter
 from mlxspec.targets.eagle3 import load_eagle3, published_config, save_eagle3
 from mlxspec.training.eagle_train import EagleTrainConfig, make_batch, objectives, train_head, unroll
@@ -66,7 +66,7 @@ def mlx_lm_target(family: str, seed: int = 0, repeating: bool = False) -> Simple
     else:
         ref.lm_head.weight = ref.lm_head.weight * 4  # a sharper target
     mx.eval(ref.parameters())
-    cfg = loading.config_from_mlx_lm(config)
+    cfg = families.config_from_mlx_lm(config)
     model = Llama(cfg)
     model.load_weights(tree_flatten(ref.parameters()), strict=True)
     mx.eval(model.parameters())

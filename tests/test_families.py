@@ -23,7 +23,7 @@ from mlxspec.core.events import Status, Step
 from mlxspec.core.model import Llama, LlamaConfig, layer_rope, rope_at
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError, UnsupportedArchitecture
-from mlxspec.targets import loading
+from mlxspec.targets import export, families, gguf_model, loading
 
 VOCAB = 128
 BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
@@ -131,7 +131,7 @@ def test_the_reference_copy_matches_too(family, name):
     RoPE scaling above all) so that reference checks and benchmarks compare like with like."""
     _, ours = family(name)
     ids = tokens(300)
-    assert rel_err(loading.to_mlx_lm(ours)(ids), ours(ids, ours.make_cache())) < 1e-4
+    assert rel_err(export.to_mlx_lm(ours)(ids), ours(ids, ours.make_cache())) < 1e-4
 
 
 def test_llama3_scaling_matters_and_keeps_the_cpu_path(family):
@@ -170,7 +170,7 @@ def test_a_tied_checkpoint_with_a_stray_lm_head_loads(tmp_path):
 
 def test_rope_settings_nested_as_transformers_5_writes_them_are_read():
     nested = dict(BASE, model_type="llama", rope_parameters={**LLAMA3_ROPE, "rope_theta": 500000.0})
-    cfg, direct = loading.config_from_mlx_lm(nested), loading.config_from_mlx_lm(FAMILIES["llama3"])
+    cfg, direct = families.config_from_mlx_lm(nested), families.config_from_mlx_lm(FAMILIES["llama3"])
     assert cfg.rope_theta == direct.rope_theta == 500000.0
     assert mx.array_equal(layer_rope(cfg).periods, layer_rope(direct).periods).item()
 
@@ -279,7 +279,7 @@ def test_quantized_phi3_splits_its_fused_projections(tmp_path):
     assert "qkv_proj" not in ours.layers[0].self_attn and ours.layers[0].self_attn.k_proj.bits == 4
     ids = tokens(16)
     assert rel_err(ours(ids, ours.make_cache()), ref(ids)) < 1e-4
-    assert rel_err(loading.to_mlx_lm(ours)(ids), ref(ids)) < 1e-4  # fused again for mlx-lm
+    assert rel_err(export.to_mlx_lm(ours)(ids), ref(ids)) < 1e-4  # fused again for mlx-lm
 
 
 def test_export_folder_round_trips_a_family(family, tmp_path):
@@ -290,7 +290,7 @@ def test_export_folder_round_trips_a_family(family, tmp_path):
     folder.mkdir()
     save_tokenizer(folder)
     tok = load_tokenizer(folder, eos_token_ids=[1])
-    again, _, _ = loading.load_folder(loading.export_folder(ours, tok, tmp_path / "out"), "float32")
+    again, _, _ = loading.load_folder(export.export_folder(ours, tok, tmp_path / "out"), "float32")
     ids = tokens(32)
     assert rel_err(again(ids, again.make_cache()), ours(ids, ours.make_cache())) < 1e-6
 
@@ -307,7 +307,7 @@ def test_gguf_rope_freqs_are_the_llama3_scaling():
     plain = base ** (mx.arange(0, dims, 2) / dims)
     ref = Llama3RoPE(dims, 4096, True, base, LLAMA3_ROPE)  # GGUF: the interleaved rotation
     factors = (ref._freqs / plain).tolist()  # what convert_hf_to_gguf writes
-    cfg = loading.config_from_gguf(_gguf_meta(), has_output=False, rope_factors=factors)
+    cfg = gguf_model.config_from_gguf(_gguf_meta(), has_output=False, rope_factors=factors)
     x = mx.random.normal((1, 4, 6, dims))
     ours = Llama(cfg).layers[0].self_attn.rope
     want = ref(x, offset=1000)
@@ -328,10 +328,10 @@ def _gguf_meta() -> dict:
 def test_a_gguf_with_rope_freqs_loads(tmp_path, monkeypatch):
     """The tensor itself is accepted (it used to end in 'unexpected tensor') and becomes the
     model's RoPE frequencies; the rest of the file loads as before."""
-    model = Llama(loading.config_from_gguf(_gguf_meta(), has_output=False))
+    model = Llama(gguf_model.config_from_gguf(_gguf_meta(), has_output=False))
     mx.eval(model.parameters())
-    names = {v: k for k, v in loading._GGUF_NAMES.items()}
-    blocks = {v: k for k, v in loading._GGUF_BLOCK_NAMES.items()}
+    names = {v: k for k, v in gguf_model._GGUF_NAMES.items()}
+    blocks = {v: k for k, v in gguf_model._GGUF_BLOCK_NAMES.items()}
 
     def gguf_name(ours: str) -> str:
         base, _, suffix = ours.rpartition(".")
@@ -344,11 +344,11 @@ def test_a_gguf_with_rope_freqs_loads(tmp_path, monkeypatch):
     tensors["rope_freqs.weight"] = mx.array([1.0, 1.0, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0])
     path = tmp_path / "llama3.gguf"
     mx.save_gguf(str(path), tensors, _gguf_meta())
-    monkeypatch.setattr(loading, "tokenizer_from_gguf", lambda meta: None)
-    loaded, _, _ = loading.load_gguf(path, "float32")
+    monkeypatch.setattr(gguf_model, "tokenizer_from_gguf", lambda meta: None)
+    loaded, _, _ = gguf_model.load_gguf(path, "float32")
     assert loaded.cfg.rope_scaling["factors"] == [1.0, 1.0, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
     ids = tokens(40)
-    assert rel_err(loading.to_mlx_lm(loaded)(ids), loaded(ids, loaded.make_cache())) < 1e-4
+    assert rel_err(export.to_mlx_lm(loaded)(ids), loaded(ids, loaded.make_cache())) < 1e-4
 
 
 # ----------------------------------------------------------------------------- speculation

@@ -243,3 +243,66 @@ def test_no_test_module_imports_another():
                  "from . import test_cli", "def f():\n    from test_cli import invoke"):
         assert imported(ast.parse(line)) == {"test_cli"}, line
     assert imported(ast.parse("from helpers import invoke\nimport tiny\nfrom mlxspec import cli")) == set()
+
+
+def face_leaks(mods: dict[str, ast.Module]) -> list[str]:
+    """Imports by which a decoding face (what shows a reply: the printer, the server, the chat)
+    leans on the measurement wing, or the server on the chat."""
+    known = set(mods)
+    faces = ("mlxspec.printer", "mlxspec.serve", "mlxspec.tui.chat")
+    return sorted(f"{name} imports {src}" for name, tree in mods.items() if name.startswith(faces)
+                  for src, _ in imports(name, tree, known)
+                  if src.startswith("mlxspec.measure") or (name.startswith("mlxspec.serve") and src.startswith("mlxspec.tui")))
+
+
+def test_decoding_faces_import_nothing_from_measure():
+    """Serve, the chat and ``generate``'s printer read the reply record from core; a change to a
+    measurement cannot break them."""
+    assert not (bad := face_leaks(modules())), "\n".join(bad)
+    mods = modules()  # the check can fail
+    mods["mlxspec.serve.reply"] = ast.parse("from mlxspec.tui.chat import app\nfrom mlxspec.measure.runs import Run\n")
+    assert face_leaks(mods) == ["mlxspec.serve.reply imports mlxspec.measure.runs",
+                                "mlxspec.serve.reply imports mlxspec.tui.chat.app"]
+
+
+MODULE_LINES, FUNCTION_LINES, CLI_LINES, COMMAND_BODY_LINES = 600, 60, 500, 25
+
+
+def over_budget(sources: dict[str, str]) -> list[str]:
+    """Modules over ``MODULE_LINES``, functions (signature to last line) over ``FUNCTION_LINES``."""
+    bad = []
+    for name, text in sources.items():
+        if (n := text.count("\n")) > MODULE_LINES:
+            bad.append(f"{name}: {n} lines")
+        bad += [f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(text))
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.end_lineno - node.lineno + 1 > FUNCTION_LINES]
+    return bad
+
+
+def command_bodies(text: str) -> dict[str, int]:
+    """Each CLI command (a function decorated with ``app.command`` or a sub-app's ``command``)
+    -> the lines of its body after the docstring: what the command does beyond taking flags."""
+    out = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and any(
+                "command" in ast.unparse(d) for d in node.decorator_list):
+            body = node.body[1:] if ast.get_docstring(node) else node.body
+            out[node.name] = node.end_lineno - body[0].lineno + 1
+    return out
+
+
+def test_modules_and_functions_stay_within_their_budgets():
+    sources = {module_name(p): p.read_text() for p in sorted((ROOT / "mlxspec").rglob("*.py"))}
+    assert not (bad := over_budget(sources)), "over budget:\n" + "\n".join(bad)
+    long_function = "def f():\n" + "    x = 1\n" * FUNCTION_LINES  # the check can fail
+    assert over_budget({"m": long_function}) == [f"m.f: {FUNCTION_LINES + 1} lines"]
+
+
+def test_the_cli_is_a_thin_door():
+    """cli.py parses flags and calls one entry point per command: the work lives in the modules."""
+    text = (ROOT / "mlxspec" / "cli.py").read_text()
+    assert text.count("\n") <= CLI_LINES
+    bodies = command_bodies(text)
+    assert len(bodies) >= 10, "the command finder found too few commands"
+    assert not (long := {n: b for n, b in bodies.items() if b > COMMAND_BODY_LINES}), long

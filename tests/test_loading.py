@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlxspec.errors import MlxspecError
-from mlxspec.targets import loading, store, tokenizer
+from mlxspec.targets import export, loading, store, tokenizer
 
 
 def test_missing_registry_model_names_the_pull_command(tmp_path, monkeypatch):
@@ -116,7 +116,7 @@ def test_cli_rejects_an_incompatible_draft(gguf_meta, lm, tmp_path):
     tokens = list(gguf_meta["tokenizer.ggml.tokens"])
     tokens[5], tokens[6] = tokens[6], tokens[5]
     other = tokenizer_from_gguf({**gguf_meta, "tokenizer.ggml.tokens": tokens})
-    folder = loading.export_folder(lm.model, other, tmp_path / "draft")
+    folder = export.export_folder(lm.model, other, tmp_path / "draft")
     r = CliRunner().invoke(app, ["generate", "hi", "--draft", str(folder), "-n", "2"])
     assert r.exit_code == 2 and "tokenizers differ at id 5" in r.output and "Traceback" not in r.output
 

@@ -6,7 +6,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxspec.core.model import Llama, LlamaConfig, rope_at
-from mlxspec.targets import loading
+from mlxspec.targets import export, loading
 from mlxspec.targets.tokenizer import encode_prompt
 
 TINY = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -76,7 +76,7 @@ def test_logit_rows_are_the_last_rows_and_prefill_asks_for_one(tied, monkeypatch
 @pytest.mark.model
 def test_logits_match_mlx_lm_reference(lm):
     ids = mx.array([encode_prompt(lm.tokenizer, "Name three colours of the rainbow.")])
-    ref = loading.to_mlx_lm(lm.model)
+    ref = export.to_mlx_lm(lm.model)
     ours = lm.model(ids, lm.model.make_cache())
     theirs = ref(ids, cache=make_prompt_cache(ref))
     assert rel_err(ours, theirs) < 1e-4
@@ -101,7 +101,7 @@ def test_quantized_weights_agree_with_float32(lm):
 
 @pytest.mark.model
 def test_export_folder_round_trip(lm, tmp_path):
-    out = loading.export_folder(lm.model, lm.tokenizer, tmp_path / "smol")
+    out = export.export_folder(lm.model, lm.tokenizer, tmp_path / "smol")
     again = loading.load(str(out))
     ids = mx.array([[1, 4093, 198, 6004]])
     assert rel_err(again.model(ids, again.model.make_cache()), lm.model(ids, lm.model.make_cache())) < 1e-6

@@ -17,7 +17,7 @@ from mlxspec.core.tree import parse_tree_list
 from mlxspec.core.events import Done, Status, Step, Token
 from mlxspec.errors import MlxspecError
 from mlxspec.measure import runs, sweep
-from mlxspec.measure.runs import Run
+from mlxspec.core.runs import Run
 from mlxspec.measure.verdict import Comparison, Interval, Kind
 
 # ----------------------------------------------------------------------------- parse_ks

@@ -71,34 +71,19 @@ def generate_plain(
     reuse = kept.take(prompt[:-1], False) if kept else Reuse()
     cache, n_kept = reuse.cache if reuse.cache is not None else model.make_cache(), reuse.n
     key = ops.key(seed)
-    width = params.window
 
     def step(logits: Any, key: Any, tail: Any) -> tuple[Any, Any, tuple]:
-        if tail is not None:
-            logits = ops.process_logits(logits[None], tail, None, params)[0]
-        if params.greedy:  # no randomness: skip the key split and its evaluation
-            tok = ops.sample(logits, params, None)
-        else:
-            key, sub = ops.split(key, 2)
-            tok = ops.sample(logits, params, sub)
-        lps = () if logprobs is None else ops.step_logprobs(logits[None], (), None, tok, logprobs)
-        return tok, key, lps
-
-    def tail_after(last: Any) -> Any:
-        """The processors' window for the position after ``last`` (lazy, not yet in ``fed``)."""
-        if not params.processes:
-            return None
-        return ops.concatenate([ops.tokens(fed[max(0, len(fed) - width + 1):]), last.reshape(1)])[None]
+        return _plain_step(ops, params, logprobs, logits, key, tail)
 
     t0 = time.perf_counter()
-    first_tail = ops.tokens(prompt[-width:])[None] if params.processes else None
+    first_tail = ops.tokens(prompt[-params.window:])[None] if params.processes else None
     y, key, y_lps = step(ops.prefill(model, cache, prompt[n_kept:]), key, first_tail)
     ops.async_evaluate(y, key, *_present(y_lps))
     n, reason, t_first, t_prev = 0, at_limit, None, None
     fed = list(prompt)  # what the cache holds once the pass in flight is done
     try:
         while n < limit:
-            nxt, key, nxt_lps = step(model(y.reshape(1, 1), cache)[0, -1], key, tail_after(y))
+            nxt, key, nxt_lps = step(model(y.reshape(1, 1), cache)[0, -1], key, _tail_after(ops, params, fed, y))
             ops.async_evaluate(nxt, key, *_present(nxt_lps))
             tok = y.item()
             fed.append(tok)
@@ -123,6 +108,28 @@ def generate_plain(
     end = time.perf_counter()
     ops.synchronize()  # the speculative next step is still running; finish it before we return
     yield Done(len(prompt), n, prefill_s=t_first - t0, decode_s=end - t_first, stop_reason=reason, steps=n)
+
+
+def _plain_step(ops: ModuleType, params: SamplingParams, logprobs: int | None, logits: Any, key: Any,
+                tail: Any) -> tuple[Any, Any, tuple]:
+    """Target-only decoding's next token from one row of logits (processed over ``tail`` when
+    the processors read a window), the key to use next, and its log-probabilities if asked."""
+    if tail is not None:
+        logits = ops.process_logits(logits[None], tail, None, params)[0]
+    if params.greedy:  # no randomness: skip the key split and its evaluation
+        tok = ops.sample(logits, params, None)
+    else:
+        key, sub = ops.split(key, 2)
+        tok = ops.sample(logits, params, sub)
+    lps = () if logprobs is None else ops.step_logprobs(logits[None], (), None, tok, logprobs)
+    return tok, key, lps
+
+
+def _tail_after(ops: ModuleType, params: SamplingParams, fed: list[int], last: Any) -> Any:
+    """The processors' window for the position after ``last`` (lazy, not yet in ``fed``)."""
+    if not params.processes:
+        return None
+    return ops.concatenate([ops.tokens(fed[max(0, len(fed) - params.window + 1):]), last.reshape(1)])[None]
 
 
 def _present(arrays: tuple) -> list:
@@ -291,9 +298,7 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
     limit, reason = token_budget(prompt, max_tokens, context)
     if tree is not None:
         _check_tree(model, drafter, tree, prompt, context)
-    policy = FixedK(k) if isinstance(k, int) else k
-    ops = ops_for(model)
-    t0 = time.perf_counter()
+    policy, ops, t0 = FixedK(k) if isinstance(k, int) else k, ops_for(model), time.perf_counter()
     cache, prompt_hidden = _start(ops, model, drafter, prompt, kept)
     history, key = list(prompt), ops.key(seed)  # the cache holds history[:-1]
     # the hidden states of what the cache holds, for ``kept``, when the drafter reads them
@@ -304,22 +309,19 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
             key, draft_key, verify_key = ops.split(key, 3)
             # Never draft past what may still be emitted: the verify pass adds one token itself.
             room = max(0, min(tree.depth if tree else policy.next_k(), limit - emitted - 1))
-            t_step = time.perf_counter()
-            proposal = _draft(ops, drafter, history, room, tree, params, draft_key, node_stats)
-            t_drafted = time.perf_counter()
-            drafted = proposal.tokens.tolist()  # evaluated by _draft
+            proposal, draft_ms = _draft(ops, drafter, history, room, tree, params, draft_key, node_stats)
+            drafted, t_drafted = proposal.tokens.tolist(), time.perf_counter()  # evaluated by _draft
             path, y, hidden, stats, lps = _decide(ops, model, cache, history, proposal, drafted, params, verify_key,
                                                   drafter.wants_hidden, node_stats, logprobs)
             t_verified = time.perf_counter()
-            draft_ms, verify_ms = (t_drafted - t_step) * 1e3, (t_verified - t_drafted) * 1e3
+            verify_ms = (t_verified - t_drafted) * 1e3
             policy.observe(len(drafted), len(path))
             policy.observe_timing(draft_ms, verify_ms, len(drafted))
             kept_hidden = _commit(ops, cache, drafter, history, proposal, drafted, path, y, hidden)
             if held_hidden is not None:
                 held_hidden.append(kept_hidden)
             accepted_lengths.append(len(path))
-            tokens, shown, stop = _shown(proposal, drafted, path, y, stats, stop_ids, limit - emitted)
-            tokens = _with_logprobs(tokens, lps, proposal.tree_parents, path)
+            tokens, shown, stop = _shown(proposal, drafted, path, y, stats, lps, stop_ids, limit - emitted)
             emitted += sum(t.emitted for t in tokens)
             t_first = t_first or t_verified
             yield Step(tokens, k=len(drafted), accepted=len(path), draft_ms=draft_ms, verify_ms=verify_ms,
@@ -341,16 +343,18 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
 
 
 def _draft(ops: ModuleType, drafter: Drafter, history: list[int], room: int, tree: TreeShape | None,
-           params: SamplingParams, key: Any, node_stats: bool) -> Proposal:
+           params: SamplingParams, key: Any, node_stats: bool) -> tuple[Proposal, float]:
     """The drafter's chain of ``room`` tokens, or its tree cut to ``room`` levels, evaluated (a
-    sync of its own only so that draft and verify time are reported apart)."""
+    sync of its own only so that draft and verify time are reported apart), and the
+    milliseconds it took."""
+    t0 = time.perf_counter()
     if tree is None:
         proposal = drafter.propose(history, room, params, key)
     else:
         proposal = drafter.propose_tree(history, tree.cut(room), params, key,
                                         **({"draft_probs": True} if node_stats else {}))
     ops.evaluate(proposal.tokens, proposal.q, proposal.node_q)
-    return proposal
+    return proposal, (time.perf_counter() - t0) * 1e3
 
 
 def _decide(ops: ModuleType, model: Target, cache: list, history: list[int], proposal: Proposal,
@@ -386,12 +390,14 @@ def _commit(ops: ModuleType, cache: list, drafter: Drafter, history: list[int], 
     return kept_hidden
 
 
-def _shown(proposal: Proposal, drafted: list[int], path: list[int], y: int, stats: tuple, stop_ids: set[int],
-           budget: int) -> tuple[list[Token], Tree | None, bool]:
+def _shown(proposal: Proposal, drafted: list[int], path: list[int], y: int, stats: tuple, lps: tuple,
+           stop_ids: set[int], budget: int) -> tuple[list[Token], Tree | None, bool]:
     """What a step shows: its tokens (the refused drafts struck through, as far as the drafter
-    would have continued below the path), its tree if it drafted one, and whether it stopped."""
+    would have continued below the path; with their log-probabilities from ``lps`` when asked
+    for), its tree if it drafted one, and whether it stopped."""
     refused = first_line(proposal.tree_parents, path[-1] if path else -1)
     tokens, stop = _step_tokens([drafted[i] for i in path], [drafted[i] for i in refused], y, stop_ids, budget)
+    tokens = _with_logprobs(tokens, lps, proposal.tree_parents, path)
     shown = None if proposal.parents is None else Tree(tuple(drafted), proposal.parents, tuple(path),
                                                        _stats_of(stats, proposal.node_q))
     return tokens, shown, stop

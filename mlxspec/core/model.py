@@ -30,10 +30,6 @@ ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 FREQ_FACTORS = "freq_factors"  # llama.cpp's rope_freqs tensor: one divisor per rotated pair
 
 
-# The mlx-lm model types this module implements, with every feature (trees, self:L, hidden states).
-NATIVE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
-
-
 @dataclass(frozen=True)
 class LlamaConfig:
     vocab_size: int

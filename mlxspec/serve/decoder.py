@@ -14,6 +14,7 @@ from mlxspec.core.ops import ops_for
 from mlxspec.core.prompt_cache import PromptCache
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
+from mlxspec.runtime import wait_for_thread_exit
 from mlxspec.serve.requests import ApiError, ServeOptions
 from mlxspec.session import Session
 from mlxspec.targets.costcurve import stderr_line
@@ -87,7 +88,7 @@ class Decoder:
     """The one thread that runs MLX: it loads the target, makes the drafter and the K policy, then
     decodes queued jobs one at a time. The queue is the lock around the engine; keeping every MLX
     call on one long-lived thread also keeps MLX's per-thread state off the short-lived handler
-    threads (whose exit-time destructors can abort the process, see ``tui.threads``)."""
+    threads (whose exit-time destructors can abort the process, see ``runtime.wait_for_thread_exit``)."""
 
     def __init__(self, options: ServeOptions, loaded: Any = None, log: Log | None = None):
         self.jobs: queue.Queue[Job | None] = queue.Queue()
@@ -115,7 +116,6 @@ class Decoder:
 
     def close(self) -> None:
         """Stop after the current step; queued jobs end empty. Waits for the thread to be gone."""
-        from mlxspec.tui.threads import wait_for_thread_exit
 
         self._closing.set()
         if (job := self._current) is not None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec.core.events import Status, Step
-from mlxspec.measure.runs import RunCollector
+from mlxspec.core.runs import RunCollector
 from mlxspec.serve.logprobs import TokenLogprob, token_logprobs
 from mlxspec.session import StepText
 

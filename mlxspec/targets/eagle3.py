@@ -66,6 +66,13 @@ def find_eagle3(spec: str) -> Path | None:
         return None
 
 
+def refuse_eagle3_export(spec: str) -> None:
+    """``export-draft`` writes an mlx-lm model: an EAGLE-3 head has no such form."""
+    if find_eagle3(spec) is not None:
+        raise MlxspecError(f"{spec} is an EAGLE-3 head: it reads the target's hidden states, so it has no standalone "
+                           "mlx-lm form; vLLM and SGLang load its folder as it is (README, \"EAGLE-3 heads\")")
+
+
 def _int(meta: dict[str, Any], key: str, where: Path, default: int | None = None) -> int:
     value = meta.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -22,7 +22,8 @@ from mlxspec.core.drafters.eagle import EagleConfig, EagleHead
 from mlxspec.core.model import Llama
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
-from mlxspec.targets.loading import export_folder, read_config
+from mlxspec.targets.export import export_folder
+from mlxspec.targets.loading import read_config
 
 DRAFT_FORMAT = "mlxspec-draft"
 DRAFT_WEIGHTS = "draft.safetensors"

@@ -35,9 +35,9 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.utils import _get_classes, dequantize_model, load_model, load_tokenizer
 
-from mlxspec.core.model import NATIVE_FAMILIES
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
+from mlxspec.targets.families import FAMILIES
 
 _FLOATS = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 # Where configs keep the context length, most common first.
@@ -59,7 +59,7 @@ class MlxLmConfig:
 
 def native_families() -> str:
     """The model types our own module runs, with every feature."""
-    return ", ".join(NATIVE_FAMILIES)
+    return ", ".join(FAMILIES)
 
 
 def needs_family(model_type: str, feature: str) -> MlxspecError:

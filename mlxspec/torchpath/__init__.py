@@ -5,7 +5,7 @@ The parts that touch arrays are written again for torch, one file per concern as
 KV cache (``cache``), the sampling transforms (``sampling``), every acceptance rule
 (``verify``). ``ops`` names them for the engine and the drafters, which are shared: a module
 says which backend it runs on by its ``ops`` attribute. Weights come from the project's one
-loader (``targets.loading``) and are copied into torch tensors (``from_mlx``).
+loaders (``targets.loading``) and are copied into torch tensors (``from_mlx``).
 
 torch is an optional extra (``pip install 'mlxspec[torch]'``); nothing here is imported unless
 ``--backend torch`` asks for it, or ``auto`` finds it installed on a Linux or Windows CPU.

@@ -28,7 +28,7 @@ from mlx_lm.generate import batch_generate
 from mlx_lm.sample_utils import make_sampler
 
 from mlxspec.errors import MlxspecError
-from mlxspec.targets.loading import to_mlx_lm
+from mlxspec.targets.export import to_mlx_lm
 from mlxspec.targets.tokenizer import encode_prompt
 
 OWN_PROMPTS = Path(__file__).with_name("distill_prompts.txt")

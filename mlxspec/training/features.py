@@ -145,7 +145,7 @@ def teacher_pass(model, seqs: Sequence[list[int]], taps: tuple[int, ...] = ()) -
     logsumexp and argmax at every real position (padding sits after them, so causal attention
     keeps it out of every real row), and with ``taps`` the states entering those blocks
     (float16). ``model`` may be the torch twin of the target (the same weights: ~1.9x
-    the positions per second of MLX's CPU backend here, BENCHMARKS.md §15)."""
+    the positions per second of MLX's CPU backend here; BENCHMARKS.md, the eagle head)."""
     width = max(len(s) for s in seqs)
     batch = np.zeros((len(seqs), width), np.int32)
     for i, s in enumerate(seqs):

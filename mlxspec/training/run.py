@@ -272,6 +272,25 @@ def _train_draft(opts: TrainOptions, report: Progress) -> TrainResult:
     return TrainResult(summary, message)
 
 
+def _save_eagle(opts: TrainOptions, target: Any, head: Any, data: Any, cfg: Any, history: list, seconds: float,
+                taps: tuple[int, ...], zero: tuple[int, ...]) -> Any:
+    """Write the trained head with its model card: an EAGLE-3 head (``taps``) in the published
+    layout, with the target's embedding table unless it is shared; returns the head as saved."""
+    command = recipe(opts)
+    if not taps:
+        save_head(head, opts.out, card=et.model_card(opts.out.name, command, data, cfg, head, history, seconds),
+                  extra={"target": target.name, "recipe": command})
+        return head
+    head = e3.without_taps(head, zero, target)
+    table = None if opts.share_embeddings else dict(tree_flatten(target.model.parameters()))["model.embed_tokens.weight"]
+    save_eagle3(head, opts.out, embed_table=table,
+                extra={"mlxspec": {"target": target.name, "recipe": command,
+                                   "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}})
+    (opts.out / "README.md").write_text(e3.model_card(opts.out.name, command, data, cfg, head, history, seconds,
+                                                         target.config.num_layers, zero, table is not None))
+    return head
+
+
 def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     """Features (built once, cached; on torch with ``--backend``), a fresh head, training, model
     card."""
@@ -313,18 +332,7 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     report(Report(f"train eagle {cfg.loss}", 0, cfg.steps))
     history = et.train_head(head, data, rows, cfg, opts.out, resume=opts.resume, on_step=on_step, stepper=stepper)
     seconds = time.perf_counter() - t0
-    command = recipe(opts)
-    if taps:
-        head = e3.without_taps(head, zero, target)
-        table = None if opts.share_embeddings else params["model.embed_tokens.weight"]
-        save_eagle3(head, opts.out, embed_table=table,
-                    extra={"mlxspec": {"target": target.name, "recipe": command,
-                                       "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}})
-        (opts.out / "README.md").write_text(e3.model_card(opts.out.name, command, data, cfg, head, history, seconds,
-                                                             target.config.num_layers, zero, table is not None))
-    else:
-        save_head(head, opts.out, card=et.model_card(opts.out.name, command, data, cfg, head, history, seconds),
-                  extra={"target": target.name, "recipe": command})
+    head = _save_eagle(opts, target, head, data, cfg, history, seconds, taps, zero)
     peak = tr.peak_memory_gb()
     first, last = history[0], history[-1]
     message = (f"wrote {opts.out}  ({seconds / 60:.1f} min, peak memory {peak:.1f} GB)\n"

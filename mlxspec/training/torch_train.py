@@ -7,8 +7,8 @@ back into the MLX head whenever it is saved. The objectives are the MLX ones ter
 (``tests/test_eagle.py`` checks the values and gradients against them); the optimiser is
 torch's AdamW, which corrects Adam's moment bias where MLX's does not, so the two backends'
 runs start alike and drift apart, as two seeds would. On this CPU a step ran 2.3-2.9x faster than
-MLX's on the same batches, run alternately (BENCHMARKS §18), and 1.7x faster again once the
-teacher's side of the losses was computed once per batch (§19).
+MLX's on the same batches, run alternately (§18 of benchmarks/notes/2026-12-01-history.md), and 1.7x faster again once the
+teacher's side of the losses was computed once per batch (§19 there).
 """
 
 from __future__ import annotations

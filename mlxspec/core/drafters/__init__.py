@@ -1,9 +1,5 @@
-"""Drafters: who proposes the tokens the target verifies. One module per kind:
-
-* ``model``: any model with a compatible tokenizer, with its own KV cache; ``self:L`` is the
-  target's own first L layers plus its final norm and head.
-* ``ngram``: prompt lookup, no weights; deterministic, so its q is a point mass.
-"""
+"""Drafters: who proposes the tokens the target verifies. One module per kind, one protocol
+(``base``); which spec string makes which kind is ``targets.drafts``' table."""
 
 from mlxspec.core.drafters.base import (
     MAX_K, NO_DRAFT, Commit, Drafter, FixedK, KPolicy, Proposal, TreeDrafter, can_branch, parse_k)

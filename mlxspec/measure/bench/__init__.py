@@ -26,6 +26,7 @@ from mlxspec.measure.bench.render import print_baseline, print_result, print_spe
 from mlxspec.measure.bench.speculative import SpecBenchResult, SpecOptions, spec_bench
 from mlxspec.measure.bench.summary import SpecRun, aggregate, temp_result, verdicts
 from mlxspec.measure.bench.torch_columns import (
+    TorchFlags,
     TorchColumn,
     TorchInfo,
     first_divergence,
@@ -37,5 +38,5 @@ __all__ = [
     "DEFAULT_QUESTIONS", "BaselineOptions", "BaselineResult", "SpecBenchResult", "SpecOptions", "SpecRun",
     "TorchColumn", "TorchInfo", "aggregate", "baseline_bench", "busy_cores", "default_prompts", "first_divergence", "label",
     "measure_bandwidth", "mlx_lm_steps", "print_baseline", "print_result", "print_spec", "print_verdicts",
-    "spec_bench", "temp_result", "torch_columns", "torch_key", "torch_verdict", "verdicts",
+    "spec_bench", "temp_result", "TorchFlags", "torch_columns", "torch_key", "torch_verdict", "verdicts",
 ]

@@ -1,7 +1,7 @@
 """The baseline benchmark: mlxspec's target-only decoder against mlx-lm's, and both against the
 memory-bandwidth floor; with torch columns, the same engine on PyTorch beside them.
 
-Both implementations run the same weights (``loading.to_mlx_lm`` copies ours into mlx-lm's
+Both implementations run the same weights (``export.to_mlx_lm`` copies ours into mlx-lm's
 llama class; a target only mlx-lm implements is its own class already), the same chat-templated
 prompt ids, greedy, and exactly ``max_tokens`` tokens each (end-of-sequence ignored), timed the
 same way from outside the generator: prefill = time from the call to the first token; decode =
@@ -30,23 +30,13 @@ from mlxspec.cpuload import CpuMeter
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.bench.common import IMPLEMENTATIONS, Progress, label, ratio
 from mlxspec.measure.bench.torch_columns import TorchInfo, load_torch_columns, torch_info
+from mlxspec.core.runs import Run
 from mlxspec.measure.runs import (
-    QUESTIONS_FILE,
-    SCHEMA,
-    Run,
-    RunHeader,
-    data_dir,
-    encode_prompts,
-    fallback_prompts,
-    jsonl_rows,
-    prepared_prompts,
-    progress_ticker,
-    run_header,
-    timed_tokens,
+    QUESTIONS_FILE, SCHEMA, RunHeader, data_dir, encode_prompts, fallback_prompts, jsonl_rows, prepared_prompts, progress_ticker, run_header, timed_tokens,
 )
 from mlxspec.measure.verdict import Kind, Verdict, median_ratio
 from mlxspec.session import Session
-from mlxspec.targets import loading
+from mlxspec.targets import export, loading
 from mlxspec.torchpath import require_torch
 
 # The first question of three different Spec-Bench categories (chat-style writing, code,
@@ -230,7 +220,7 @@ def _baseline_runner(lm, max_tokens: int, torch_models: TorchModels | None = Non
     """Runs one implementation on one prompt, exactly ``max_tokens`` tokens, timed from outside.
     ``torch_models``: column key -> (the ``LoadedModel`` on torch it runs, its thread count,
     set before the run starts)."""
-    ref_model = loading.as_mlx_lm(lm.model)
+    ref_model = export.as_mlx_lm(lm.model)
     mx.eval(ref_model.parameters())
     ref_tok = _no_eos(lm.tokenizer)
     torch_models = torch_models or {}

@@ -22,8 +22,8 @@ from mlxspec.core.drafters.draft_model import DraftModel
 from mlxspec.core.drafters.eagle import EagleDrafter
 from mlxspec.core.model import Llama
 from mlxspec.core.sampling import SamplingParams
-from mlxspec.measure.runs import Run
-from mlxspec.targets import loading
+from mlxspec.core.runs import Run
+from mlxspec.targets import export, loading, weights
 from mlxspec.targets.drafts import make_drafter
 from mlxspec.targets.folders import as_llama
 
@@ -116,7 +116,7 @@ def _self_draft_llama(lm, num_layers: int):
     params = [(name, v) for name, v in tree_flatten(lm.model.parameters())
               if not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers]
     if any(name.endswith(".scales") for name, _ in params):
-        loading.quantize_to_match(small, dict(params))
+        weights.quantize_to_match(small, dict(params))
     small.load_weights(params, strict=True)  # shares the arrays, copies nothing
     return small
 
@@ -139,14 +139,14 @@ def mlx_lm_peer(lm, draft: str, drafter) -> Peer:
                 "(logit 0 instead of -inf outside its head)")
     else:
         desc = f"mlx-lm stream_generate with draft_model = {draft}"
-    ref_target, ref_draft = loading.as_mlx_lm(lm.model), loading.as_mlx_lm(src)
+    ref_target, ref_draft = export.as_mlx_lm(lm.model), export.as_mlx_lm(src)
     mx.eval(ref_target.parameters(), ref_draft.parameters())
     return Peer(ref_target, ref_draft, desc)
 
 
 def mlx_lm_target_only(lm) -> Peer:
     """mlx-lm decoding the target alone: its fastest configuration where no draft pays."""
-    ref = loading.as_mlx_lm(lm.model)
+    ref = export.as_mlx_lm(lm.model)
     mx.eval(ref.parameters())
     return Peer(ref, None, "mlx-lm stream_generate, target-only (no draft model)")
 

@@ -22,18 +22,9 @@ from mlxspec.errors import MlxspecError
 from mlxspec.measure.bench.summary import METHOD_LABELS, SpecRun, TempResult, temp_result, verdicts
 from mlxspec.measure.bench.common import Progress, fmt_t
 from mlxspec.measure.bench.peer import MLX_LM_K_WITH_AUTO, MLX_LM_NOTE, Peer, choose_peer, mlx_lm_run
+from mlxspec.core.runs import Run
 from mlxspec.measure.runs import (
-    SCHEMA,
-    WARMUP_TOKENS,
-    Run,
-    RunHeader,
-    engine_run,
-    first_mismatch,
-    prepare_speculative_run,
-    prepared_prompts,
-    progress_ticker,
-    run_header,
-    spec_bench_prompts,
+    SCHEMA, WARMUP_TOKENS, RunHeader, engine_run, first_mismatch, prepare_speculative_run, prepared_prompts, progress_ticker, run_header, spec_bench_prompts,
 )
 from mlxspec.measure.verdict import Verdict
 from mlxspec.session import Session

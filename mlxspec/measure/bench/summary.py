@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlxspec.measure.bench.common import fmt_t, ratio
-from mlxspec.measure.runs import MethodStats, Run, fmt, method_stats
+from mlxspec.core.runs import Run
+from mlxspec.measure.runs import MethodStats, fmt, method_stats
 from mlxspec.measure.verdict import Comparison, Kind, Verdict, pooled_ratio
 
 METHODS = ("target", "spec", "against", "mlx_lm")

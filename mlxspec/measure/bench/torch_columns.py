@@ -14,7 +14,8 @@ from typing import Any
 
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.bench.common import TORCH_DTYPES, TORCH_PREFIX, label, ratio, torch_key
-from mlxspec.measure.runs import Run, first_mismatch
+from mlxspec.core.runs import Run
+from mlxspec.measure.runs import first_mismatch
 from mlxspec.measure.verdict import Kind, Verdict, median_ratio
 from mlxspec.targets import loading
 from mlxspec.torchpath import INSTALL_HINT, default_dtype, pick_device, require_torch
@@ -150,3 +151,16 @@ def torch_info(torch_models: dict[str, tuple[Any, int]], pairs: list[dict[str, R
     where = (f"CPU ({counts} thread{'' if threads == [1] else 's'})" if device == "cpu"
              else f"{device.upper()} ({torch.cuda.get_device_name()})" if device == "cuda" else device.upper())
     return TorchInfo(torch.__version__, device, threads, f"PyTorch {torch.__version__} on {where}", columns)
+
+
+@dataclass(frozen=True)
+class TorchFlags:
+    """``bench --baseline``'s torch flags as given; ``columns`` checks them when a baseline runs."""
+
+    enabled: bool | None = None
+    dtypes: tuple[str, ...] = ()
+    device: str = "cpu"
+    threads: tuple[int, ...] = ()
+
+    def columns(self) -> tuple[tuple[str, ...], str | None]:
+        return torch_columns(self.enabled, self.dtypes, self.device)

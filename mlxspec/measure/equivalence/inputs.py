@@ -10,7 +10,8 @@ from typing import Any
 from mlxspec.core.drafters import parse_k
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
-from mlxspec.measure.runs import Run, data_dir, fallback_prompts, jsonl_rows, run_header
+from mlxspec.core.runs import Run
+from mlxspec.measure.runs import data_dir, fallback_prompts, jsonl_rows, run_header
 from mlxspec.targets import loading
 from mlxspec.targets.drafts import make_drafter
 

@@ -54,6 +54,11 @@ def _claims_table(result: StudyResult) -> Table:
     return claims
 
 
+def log_line(path: Path, before: int) -> str:
+    """Where the per-node log goes, and how much of it a rerun resumes (rich markup)."""
+    return f"[dim]log: {escape(str(path))}" + (f" (resuming: {before} prompts done)" if before else "") + "[/]"
+
+
 def print_study(result: StudyResult, console) -> None:
     """Two rich tables: our figures by domain (with the depth profile), and the paper's claims
     beside ours; then the domain-vs-depth regression."""

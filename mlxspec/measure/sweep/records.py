@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlxspec.measure.runs import SCHEMA, Run, RunHeader
+from mlxspec.core.runs import Run
+from mlxspec.measure.runs import SCHEMA, RunHeader
 from mlxspec.measure.sweep.costmodel import Prediction
 from mlxspec.measure.sweep.diagnosis import Diagnosis, Optimum
 from mlxspec.measure.verdict import Comparison, Verdict

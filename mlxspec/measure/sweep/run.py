@@ -13,16 +13,9 @@ from mlxspec.core.drafters import can_branch
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.schedule import timed_rounds, warmup_rounds
 from mlxspec.errors import MlxspecError
+from mlxspec.core.runs import Run
 from mlxspec.measure.runs import (
-    WARMUP_TOKENS,
-    Run,
-    engine_run,
-    first_mismatch,
-    prepare_speculative_run,
-    prepared_prompts,
-    progress_ticker,
-    run_header,
-    spec_bench_prompts,
+    WARMUP_TOKENS, engine_run, first_mismatch, prepare_speculative_run, prepared_prompts, progress_ticker, run_header, spec_bench_prompts,
 )
 from mlxspec.measure.sweep.options import SweepOptions
 from mlxspec.measure.sweep.records import SweepResult, SweepRun, SweepSettings, tree_method

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from mlxspec.measure.runs import RunHeader, acceptance_by_position, fmt
+from mlxspec.core.runs import acceptance_by_position
+from mlxspec.measure.runs import RunHeader, fmt
 from mlxspec.measure.sweep.diagnosis import Diagnosis, Measured, diagnose
 from mlxspec.measure.sweep.records import (
     Baseline,

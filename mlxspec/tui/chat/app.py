@@ -27,12 +27,12 @@ from mlxspec.core.events import Done, Step
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import MAX_TREE_NODES, TreeShape, full_size, parse_tree
 from mlxspec.errors import MlxspecError
-from mlxspec.measure.runs import RunCollector
+from mlxspec.core.runs import RunCollector
 from mlxspec.targets import store
 from mlxspec.targets.drafts import is_head
 from mlxspec.targets.loading import resolve
 
-from ..threads import wait_for_thread_exit
+from mlxspec.runtime import wait_for_thread_exit
 from .messages import (
     ModelFailed,
     ModelReady,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from mlxspec.core.events import Status, Step
-from mlxspec.measure.runs import Run
+from mlxspec.core.runs import Run
 from mlxspec.session import step_pieces
 
 from .source import ModelInfo, TextDecoder

@@ -24,7 +24,7 @@ from pathlib import Path
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.events import Done, Step
 from mlxspec.core.sampling import SamplingParams
-from mlxspec.measure.runs import RunCollector
+from mlxspec.core.runs import RunCollector
 from mlxspec.session import Session, StepText
 
 from .app import ChatApp

@@ -17,7 +17,7 @@ from mlxspec.core.drafters import MAX_K
 from mlxspec.core.events import Event
 from mlxspec.core.prompt_cache import PromptCache
 from mlxspec.core.sampling import SamplingParams
-from mlxspec.measure.runs import collect_run
+from mlxspec.core.runs import collect_run
 from mlxspec.session import Session, StepText
 from mlxspec.targets import loading
 

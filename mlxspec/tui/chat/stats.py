@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from mlxspec.core.tree import depths
-from mlxspec.measure.runs import RunCollector, acceptance_by_position
+from mlxspec.core.runs import RunCollector, acceptance_by_position
 
 from .messages import StepData, TurnResult
 

@@ -37,7 +37,7 @@ from mlxspec.measure.sweep import SweepOptions, SweepResult, parse_ks, print_swe
 from mlxspec.tui.screenshot import svg_to_png
 from mlxspec.tui.sweep.chart import Series, chart_text
 from mlxspec.tui.sweep.sources import SweepRunner, demo_runner, describe, sweep_runner
-from mlxspec.tui.threads import wait_for_thread_exit
+from mlxspec.runtime import wait_for_thread_exit
 
 
 # ----------------------------------------------------------------------------- worker -> app

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxspec.core.schedule import timed_rounds, warmup_rounds
-from mlxspec.measure.runs import Machine, Run, RunHeader
+from mlxspec.core.runs import Run
+from mlxspec.measure.runs import Machine, RunHeader
 from mlxspec.measure.sweep import SweepOptions, SweepResult, SweepRun, SweepSettings, run_sweep, summarise
 
 Progress = Callable[[int, int, str], None]
