@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from mlxspec.errors import MlxspecError
-from mlxspec.flags import (BACKEND, OUTPUT, PENALTIES, SAMPLING, TORCH, TRAIN, FILTERS, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
+from mlxspec.flags import (BACKEND, OUTPUT, PENALTIES, SAMPLING, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
                            RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, bench_checks, check_max_tokens, checked_draft,
                            grouped,
                            k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size,
-                           read_prompt, serve_checks, sweep_trees, tree_option, with_system)
+                           read_prompt, sampling_params, serve_checks, sweep_trees, tree_option, with_system)
 from mlxspec.targets import store
 from mlxspec.terminal import check_out_folder, err, friendly, models_table, print_json, progress_bar
 
@@ -190,7 +190,7 @@ def bench(
                 measured_target(model, dtype, backend), draft, "auto" if k is None else k, tuple(temps), categories,
                 per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
                 remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k,
-                against=against, top_p=top_p, min_p=min_p), progress)
+                against=against, sampling=sampling_params(0.0, top_p, min_p=min_p)), progress)
     output.emit(result.to_json(), lambda console: b.print_result(result, console))
 
 
@@ -423,7 +423,7 @@ def serve(
     model: str = ModelOpt,
     draft: str = DraftOpt,
     k: Optional[str] = KOpt,
-    defaults: Any = FILTERS,
+    defaults: Any = SAMPLING,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="New tokens when a request gives no max_tokens."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
@@ -437,14 +437,14 @@ def serve(
 ) -> None:
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
     /v1/completions, streaming too) over the same engine and drafters as generate; requests are
-    decoded one at a time. --temp, --top-p, --top-k and --min-p are defaults: a request's own
-    values win. Ctrl-C stops it."""
+    decoded one at a time. The sampling flags are defaults: a request's own values win, field by
+    field. Ctrl-C stops it."""
     from mlxspec.serve import ServeOptions, run_server
 
     serve_checks(max_tokens, port, prompt_cache_size)
     shape = tree_option(tree, tree_nodes, k, draft)
-    options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), defaults.temperature, defaults.top_p,
-                           max_tokens, dtype, remeasure_cost, host, port, shape, backend, defaults.top_k, defaults.min_p,
+    options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), defaults, max_tokens, dtype,
+                           remeasure_cost, host, port, shape, backend,
                            prompt_cache_size=prompt_cache_size,
                            prompt_cache_bytes=parse_size(prompt_cache_bytes, "--prompt-cache-bytes"))
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))

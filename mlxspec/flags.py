@@ -25,7 +25,7 @@ from mlxspec.terminal import Output
 from mlxspec.torchpath import backend_spec
 
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
-DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's choice for the target: ngram:3+smollm2-135m-eagle for the default model, ngram:3 for a target it does not list), none, ngram[:N] (prompt lookup), suffix[:N] (an index of the session's own text), self:L (target's first L layers), A+B (a cascade: lookup A where the text so far has a match, else B, e.g. ngram:3+smollm2-135m-eagle), an eagle head, a trained draft folder or a draft model path.")
+DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's choice for the target: ngram:3+smollm2-135m-eagle for the default model, ngram:3 for a target it does not list), none, ngram[:N] (prompt lookup), suffix[:N] (an index of the session's own text), self:L (target's first L layers), A+B (a cascade: lookup A where the text so far has a match, else B, e.g. ngram:3+smollm2-135m-eagle), a trained draft, an eagle head, an EAGLE-3 head, or a draft model (a .gguf file, model folder or cached hub id).")
 KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
 SystemOpt = typer.Option(None, "--system-prompt", help="A system message before the user's (chat template).")
 KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft tokens per step (1..64).")
@@ -89,14 +89,13 @@ def grouped(command: Callable) -> Callable:
 def k_option(k: Optional[str], draft: str) -> int | str | None:
     """``--k`` checked before anything loads: an int, ``"auto"``, or None when not given (auto
     with a drafter); ``--k auto`` with ``--draft none`` is refused, as nothing would be drafted."""
-    from mlxspec.core.autok import parse_k_option
+    from mlxspec.core.autok import NEEDS_DRAFTER, parse_k_option
 
     if k is None:
         return None
     spec = parse_k_option(k)
     if spec == "auto" and draft in ("none", ""):
-        raise MlxspecError("--k auto needs a drafter, but --draft is none (drop --k, or pick a drafter "
-                           "such as --draft default or ngram:3)")
+        raise MlxspecError(NEEDS_DRAFTER)
     return spec
 
 
@@ -142,8 +141,6 @@ _PENALTY_FLAGS = (("repetition_penalty", float, RepetitionOpt), ("repetition_con
 # Every sampling flag, made into one checked ``SamplingParams``.
 SAMPLING = FlagGroup((("temp", float, TempOpt), ("top_p", float, TopPOpt), ("top_k", int, TopKOpt),
                       ("min_p", float, MinPOpt), *_PENALTY_FLAGS), sampling_params)
-# Temperature and the filters alone (the server's request defaults).
-FILTERS = FlagGroup(SAMPLING.flags[:4], sampling_params)
 # The penalties and logit bias alone, for a command whose temperature and filters default to the model's.
 PENALTIES = FlagGroup(_PENALTY_FLAGS, _penalties)
 # --backend and --device as one backend spec ("mlx", "torch:cpu", ...).

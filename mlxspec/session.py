@@ -20,7 +20,7 @@ from mlxspec.cpuload import CpuMeter
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import loading
 from mlxspec.targets.costcurve import CostCurve, check_against_live, cost_curve, stderr_line
-from mlxspec.targets.drafts import make_drafter
+from mlxspec.targets.drafts import branching_kinds, make_drafter
 from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
 
 GREEDY = SamplingParams()
@@ -82,8 +82,8 @@ class Session:
                 raise MlxspecError(f"--tree needs a drafter, and the default for {self.lm.name} is none; "
                                    "pick one, e.g. --draft self:8")
             if not can_branch(drafter):
-                raise MlxspecError(f"--tree needs a drafter that can branch (a draft model, self:L, an eagle head, "
-                                   f"ngram:N or suffix:N), not {draft if isinstance(draft, str) else drafter.name!r}")
+                raise MlxspecError(f"--tree needs a drafter that can branch ({branching_kinds()}), "
+                                   f"not {draft if isinstance(draft, str) else drafter.name!r}")
             self.drafter, self.tree, self.policy = drafter, self.priced(tree), tree.depth
             return self
         self.drafter, self.tree = drafter, None

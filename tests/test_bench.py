@@ -16,6 +16,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.measure import bench, runs
 from mlxspec.measure.bench import baseline, speculative
 from mlxspec.core.runs import Run
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.measure.verdict import Kind, Verdict, median_ratio, pooled_ratio
 
 
@@ -499,7 +500,7 @@ def test_spec_bench_samples_with_the_filters_asked_for_in_every_method(lm, monke
     real = peer_module.make_sampler
     monkeypatch.setattr(peer_module, "make_sampler", lambda **kw: seen.append(kw) or real(**kw))
     result = bench.spec_bench(bench.SpecOptions(lm, "ngram:3", k=2, temps=(0.0, 1.0), categories=["qa"],
-                                                per_category=1, max_tokens=4, warmup=0, repeats=1, min_p=0.1,
+                                                per_category=1, max_tokens=4, warmup=0, repeats=1, sampling=SamplingParams(min_p=0.1),
                                                 peer_draft="none"))
     data = result.to_json()
     assert data["settings"]["min_p"] == 0.1 and data["settings"]["top_p"] == 1.0

@@ -51,7 +51,7 @@ NAMES = frozenset({"smollm2-135m-instruct", "default"})
 
 
 def test_parse_defaults_come_from_the_server_options():
-    opts = ServeOptions(temperature=0.5, top_p=0.9, max_tokens=7)
+    opts = ServeOptions(sampling=SamplingParams(0.5, 0.9), max_tokens=7)
     req = parse_generation(CHAT, {"messages": [{"role": "user", "content": "hi"}], "seed": 3}, opts, NAMES)
     assert (req.params, req.max_tokens, req.seed, req.stream, req.stop) == (SamplingParams(0.5, 0.9), 7, 3, False, ())
     assert parse_generation(CHAT, {"messages": [{"role": "user", "content": "hi"}], "seed": -1}, opts, NAMES).seed \
@@ -137,7 +137,7 @@ def test_sampling_controls_are_read():
     body = {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5, "frequency_penalty": -1,
             "repetition_penalty": 1.2, "repetition_context_size": 8, "presence_context_size": 4,
             "logit_bias": {"17": -100, "5": 2.5}, "logprobs": True, "top_logprobs": 3}
-    req = parse_generation(CHAT, body, ServeOptions(top_k=7, min_p=0.05), NAMES)
+    req = parse_generation(CHAT, body, ServeOptions(sampling=SamplingParams(top_k=7, min_p=0.05)), NAMES)
     p = req.params
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.repetition_context_size,
             p.presence_context_size, p.frequency_context_size) == (0.5, -1.0, 1.2, 8, 4, 20)

@@ -34,10 +34,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlxspec.core.drafters.base import MAX_K, parse_k
+from mlxspec.core.drafters.base import MAX_K, parse_k, trait
 from mlxspec.core.drafters.cascade import CascadeDrafter
-from mlxspec.core.drafters.ngram import NgramDrafter
-from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.errors import MlxspecError
 
 DEFAULT_MAX_K = 8
@@ -263,10 +261,12 @@ class SourcedK:
 
 
 def _auto_for(drafter: Any, cost: Any, max_k: int) -> AutoK:
-    # Prompt lookup costs next to nothing; a model drafter starts from a tenth of a target pass
-    # until the engine reports its real timings.
-    ratio = 0.01 if isinstance(drafter, (NgramDrafter, SuffixDrafter)) else 0.1
-    return AutoK(cost, max_k=max_k, draft_prior_ratio=ratio)
+    # until the engine reports its real timings, a step costs what the drafter declares
+    return AutoK(cost, max_k=max_k, draft_prior_ratio=trait(drafter, "draft_prior_ratio"))
+
+
+NEEDS_DRAFTER = ("--k auto needs a drafter, but --draft is none: nothing would be drafted (drop --k, or pick a "
+                 "drafter such as --draft default or ngram:3)")
 
 
 def k_policy(spec: Any, drafter: Any, cost_curve: Callable[[int], Any],
@@ -282,8 +282,7 @@ def k_policy(spec: Any, drafter: Any, cost_curve: Callable[[int], Any],
     if k != "auto":
         return k
     if drafter is None:
-        raise MlxspecError("--k auto needs a drafter: with --draft none nothing is drafted "
-                           "(drop --k, or pick a drafter such as --draft default or ngram:3)")
+        raise MlxspecError(NEEDS_DRAFTER)
     max_k = max_k or DEFAULT_MAX_K
     cost = cost_curve(max_k + 1)
     if isinstance(drafter, CascadeDrafter):

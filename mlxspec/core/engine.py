@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from mlxspec.core.cache import check_trimmable
-from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal, can_branch
+from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal, can_branch, trait
 from mlxspec.core.events import Done, Event, NodeStats, Status, Step, Token, Tree
 from mlxspec.core.ops import ops_for
 from mlxspec.core.processors import emitted_logprobs, prefix_tails
@@ -234,9 +234,8 @@ def _check_tree(model: Target, drafter: Drafter, shape: TreeShape, prompt: list[
         raise MlxspecError("this target cannot verify a draft tree (it takes no tree attention mask: it runs "
                            "through mlx-lm's own class); speculate with a chain (--k) instead of --tree")
     if not can_branch(drafter):
-        raise MlxspecError(f"drafter {drafter.name!r} cannot branch: --tree needs a draft model, self:L, "
-                           "an eagle head or ngram:N")
-    if shape.sampled and not getattr(drafter, "samples_children", False):
+        raise MlxspecError(f"drafter {drafter.name!r} cannot branch: --tree needs a drafter that drafts trees")
+    if shape.sampled and not trait(drafter, "samples_children"):
         raise MlxspecError(f"drafter {drafter.name!r} cannot sample a tree's children (it has no distribution to "
                            f"draw them from): drop ':sample' from --tree {shape}")
     if len(prompt) + shape.nodes >= context:
@@ -325,7 +324,7 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
             emitted += sum(t.emitted for t in tokens)
             t_first = t_first or t_verified
             yield Step(tokens, k=len(drafted), accepted=len(path), draft_ms=draft_ms, verify_ms=verify_ms,
-                       room=room, tree=shown, drafter=getattr(drafter, "proposer", drafter.name) if drafted else None)
+                       room=room, tree=shown, drafter=(trait(drafter, "proposer") or drafter.name) if drafted else None)
             if stop:
                 reason = "eos"
                 break

@@ -72,6 +72,23 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def filters(self) -> tuple[tuple[str, float], ...]:
+        """The filters in force, (name, value) as the command line spells them: top-p, top-k, min-p."""
+        return tuple((name, value) for name, value, on in
+                     (("top-p", self.top_p, self.top_p < 1), ("top-k", self.top_k, self.top_k > 0),
+                      ("min-p", self.min_p, self.min_p > 0)) if on)
+
+    @property
+    def filters_label(self) -> str:
+        """The filters in force as tables and verdicts name them: " top-p=0.9 min-p=0.1", or ""."""
+        return "".join(f" {name}={value:g}" for name, value in self.filters)
+
+    @property
+    def label(self) -> str:
+        """Temperature and filters: "T=1 min-p=0.1"."""
+        return f"T={self.temperature:g}{self.filters_label}"
+
+    @property
     def processes(self) -> bool:
         """Whether any logits processor is on (off: the engine's path is the plain one)."""
         return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from mlxspec.core.sampling import MAX_TOP_LOGPROBS, SamplingParams
@@ -28,8 +28,7 @@ class ServeOptions:
     model: str = "default"
     draft: str = "none"
     k: int | str | None = None  # as ``--k``: None (auto with a drafter), an int or "auto"
-    temperature: float = 0.0
-    top_p: float = 1.0
+    sampling: SamplingParams = SamplingParams()  # a request's own fields win, one by one
     max_tokens: int = 256
     dtype: str = "auto"
     remeasure_cost: bool = False
@@ -37,8 +36,6 @@ class ServeOptions:
     port: int = 8080
     tree: Any = None  # a ``TreeShape`` (--tree): every request drafts trees of it
     backend: str = "mlx"  # or "torch[:DEVICE]" (--backend, --device)
-    top_k: int = 0  # request defaults, as mlx-lm's server's --top-k / --min-p
-    min_p: float = 0.0
     prompt_cache_size: int = PROMPT_CACHE_SIZE  # conversations kept (--prompt-cache-size)
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES  # their memory at most (--prompt-cache-bytes)
 
@@ -105,12 +102,12 @@ NEUTRAL: dict[str, tuple] = {
     "response_format": ({"type": "text"},), "modalities": (["text"],),
 }
 IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "reasoning_effort"}  # no effect on output
-# The logits processors are OpenAI's (presence, frequency, logit_bias) and mlx-lm's server's
-# (repetition_penalty and the *_context_size windows).
-PROCESSORS = {"repetition_penalty", "repetition_context_size", "presence_penalty", "presence_context_size",
-              "frequency_penalty", "frequency_context_size", "logit_bias"}
-READ = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-        "min_p", "n", "stream", "stop", "seed", "mlxspec", "logprobs", "top_logprobs"} | PROCESSORS
+# The sampling fields are ``SamplingParams``' own, named as OpenAI's API (temperature, top_p,
+# presence and frequency penalties, logit_bias) and mlx-lm's server (top_k, min_p,
+# repetition_penalty and the *_context_size windows) name them.
+SAMPLING = {f.name: int if f.type in (int, "int") else float for f in fields(SamplingParams) if f.name != "logit_bias"}
+READ = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "stream", "stop", "seed",
+        "mlxspec", "logprobs", "top_logprobs", "logit_bias"} | set(SAMPLING)
 ROLES = ("system", "user", "assistant", "developer")
 
 
@@ -127,9 +124,7 @@ def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozen
     if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be >= 1, got {max_tokens}", "invalid_value")
     try:
-        params = SamplingParams(_field(body, "temperature", float, options.temperature),
-                                _field(body, "top_p", float, options.top_p), _field(body, "top_k", int, options.top_k),
-                                _field(body, "min_p", float, options.min_p), **_processors(body))
+        params = _sampling(body, options.sampling)
     except MlxspecError as e:
         raise ApiError(400, str(e), "invalid_value") from None
     seed = _field(body, "seed", int, None)
@@ -144,18 +139,14 @@ def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozen
         _logprobs(body, kind))
 
 
-def _processors(body: dict) -> dict[str, Any]:
-    """The logits processors' fields as ``SamplingParams`` takes them (ranges are checked there)."""
-    out: dict[str, Any] = {}
-    # mlx-lm's server sends 0 for "no repetition penalty" (a factor of 0 would divide by 0).
-    repetition = _field(body, "repetition_penalty", float, 1.0)
-    out["repetition_penalty"] = 1.0 if repetition == 0 else repetition
-    for name in ("presence_penalty", "frequency_penalty"):
-        out[name] = _field(body, name, float, 0.0)
-    for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
-        out[name] = _field(body, name, int, 20)
-    out["logit_bias"] = _logit_bias(_field(body, "logit_bias", dict, {}))
-    return out
+def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
+    """The request's sampling: each field it gives, the server's ``defaults`` for the others
+    (ranges are checked by ``SamplingParams``)."""
+    values = {name: _field(body, name, kind, getattr(defaults, name)) for name, kind in SAMPLING.items()}
+    if values["repetition_penalty"] == 0:  # mlx-lm's server sends 0 for "none" (a factor of 0 would divide by 0)
+        values["repetition_penalty"] = 1.0
+    bias = _field(body, "logit_bias", dict, None)
+    return replace(defaults, **values, **({} if bias is None else {"logit_bias": _logit_bias(bias)}))
 
 
 def _logit_bias(bias: dict) -> tuple[tuple[int, float], ...]:

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
 
@@ -18,19 +19,12 @@ GENERATION_CONFIG = "generation_config.json"
 
 @dataclass(frozen=True)
 class SamplingDefaults:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0
+    params: SamplingParams = SamplingParams()
     source: str = "none known: greedy"
 
     @property
     def label(self) -> str:
-        parts = [f"T={self.temperature:g}"]
-        parts += [f"top-p {self.top_p:g}"] if self.top_p < 1 else []
-        parts += [f"top-k {self.top_k}"] if self.top_k else []
-        parts += [f"min-p {self.min_p:g}"] if self.min_p else []
-        return " ".join(parts)
+        return self.params.label
 
 
 def sampling_defaults(spec: str) -> SamplingDefaults:
@@ -39,7 +33,8 @@ def sampling_defaults(spec: str) -> SamplingDefaults:
     name = store.default_target() if spec in ("default", "") else spec
     chosen = store.chat_sampling(name)
     if chosen is not None:
-        return SamplingDefaults(**chosen)
+        source = chosen.pop("source", SamplingDefaults.source)
+        return SamplingDefaults(SamplingParams(**chosen), source)
     from mlxspec.targets.loading import resolve  # loading imports MLX: only when needed
 
     try:
@@ -61,8 +56,8 @@ def from_generation_config(path: Path) -> SamplingDefaults:
         return SamplingDefaults(source=f"the model's {path.name}: greedy" if isinstance(cfg, dict) else
                                 SamplingDefaults.source)
     try:
-        return SamplingDefaults(float(cfg.get("temperature", 1.0)), float(cfg.get("top_p", 1.0)),
-                                int(cfg.get("top_k", 50)), float(cfg.get("min_p") or 0.0),
+        return SamplingDefaults(SamplingParams(float(cfg.get("temperature", 1.0)), float(cfg.get("top_p", 1.0)),
+                                               int(cfg.get("top_k", 50)), float(cfg.get("min_p") or 0.0)),
                                 source=f"the model's {path.name}")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, MlxspecError):  # out-of-range values: greedy, as an unreadable file
         return SamplingDefaults()

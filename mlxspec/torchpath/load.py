@@ -1,4 +1,4 @@
-"""A loaded model and its drafter, moved onto torch: the project's one loader reads the
+"""A loaded model and its drafter's weights, moved onto torch: the project's one loader reads the
 weights (as MLX arrays, float32), ``from_mlx`` copies them into the torch twins."""
 
 from __future__ import annotations
@@ -8,14 +8,12 @@ from typing import Any
 
 import torch
 
-from mlxspec.core.drafters import ModelDrafter, NgramDrafter
+from mlxspec.core.drafters import ModelDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
 from mlxspec.core.drafters.eagle3 import Eagle3Head
-from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.core.model import Llama as MlxLlama
 from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import default_dtype, pick_device
-from mlxspec.torchpath import ops as torch_ops
 from mlxspec.torchpath.int4 import Int4Linear
 from mlxspec.torchpath.invariant import make_batch_invariant, pack_linears
 from mlxspec.torchpath.model import DTYPES, DraftModel, Eagle3Head as TorchEagle3Head, EagleHead as TorchEagleHead, Llama
@@ -56,15 +54,31 @@ def to_torch(source: Any, dtype: str = "auto", device: str | None = None) -> Any
     return replace(source, model=model, dtype=dtype, backend=f"torch:{device}", source=source)
 
 
-def drafter_on_torch(drafter: Any, target: Any) -> Any:
-    """The torch twin of a drafter made for ``target.source`` (the MLX model ``target`` was
-    copied from): the same weights, the same cache discipline, torch's arrays; on the CPU its
-    own products packed for oneDNN (``invariant.pack_linears``), in bfloat16 where oneDNN has it."""
-    twin = _twin(drafter, target)
-    model = getattr(twin, "head", None) or getattr(twin, "model", None)
-    if model is not None and model is not target.model:  # self:L runs the target's own blocks
-        pack_linears(model, draft_dtype())
-    return twin
+def head_on_torch(drafter: EagleDrafter, target: Any) -> EagleDrafter:
+    """The torch twin of an eagle or EAGLE-3 head made for ``target.source`` (the MLX model
+    ``target`` was copied from): the same weights, drafting from the torch target's states; on
+    the CPU its products packed for oneDNN (``invariant.pack_linears``), in bfloat16 where
+    oneDNN has it."""
+    twins = {EagleHead: TorchEagleHead, Eagle3Head: TorchEagle3Head}
+    twin = twins.get(type(drafter.head))
+    if twin is None:
+        raise MlxspecError(f"cannot move drafter {drafter.name!r} to torch")
+    moved = EagleDrafter(twin.from_mlx(drafter.head, target.model), drafter.name)
+    pack_linears(moved.head, draft_dtype())
+    return moved
+
+
+def draft_model_on_torch(drafter: ModelDrafter, target: Any) -> ModelDrafter:
+    """The torch twin of a draft model (a trained draft, or another model) made beside
+    ``target.source``: the same weights and cache discipline, packed as ``head_on_torch``'s."""
+    model, draft = target.model, drafter.model
+    if isinstance(draft, MlxLlama):
+        dtype = next(iter(model.parameters())).dtype
+        moved = ModelDrafter(Llama.from_mlx(draft, str(model.device), _dtype_name(dtype)), drafter.name)
+    else:
+        moved = ModelDrafter(DraftModel.from_mlx(draft, model), drafter.name)
+    pack_linears(moved.model, draft_dtype())
+    return moved
 
 
 def draft_dtype() -> torch.dtype:
@@ -72,31 +86,6 @@ def draft_dtype() -> torch.dtype:
     (0.69 ms against 1.68 for the eagle head here), where oneDNN runs it natively."""
     native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return torch.bfloat16 if native else torch.float32
-
-
-def _twin(drafter: Any, target: Any) -> Any:
-    model = target.model
-    if drafter is None:
-        return None
-    if isinstance(drafter, NgramDrafter):
-        return NgramDrafter(drafter.n, drafter.min_n, ops=torch_ops)
-    if isinstance(drafter, SuffixDrafter):
-        return SuffixDrafter(drafter.n, drafter.min_n, drafter.max_tokens, drafter.min_prob, ops=torch_ops)
-    if isinstance(drafter, EagleDrafter):
-        twins = {EagleHead: TorchEagleHead, Eagle3Head: TorchEagle3Head}
-        twin = twins.get(type(drafter.head))
-        if twin is None:
-            raise MlxspecError(f"cannot move drafter {drafter.name!r} to torch")
-        return EagleDrafter(twin.from_mlx(drafter.head, model), drafter.name)
-    if isinstance(drafter, ModelDrafter):
-        draft = drafter.model
-        if draft is target.source.model:  # self:L: the target's own first layers
-            return ModelDrafter(model, drafter.name, drafter.num_layers)
-        if isinstance(draft, MlxLlama):
-            dtype = next(iter(model.parameters())).dtype
-            return ModelDrafter(Llama.from_mlx(draft, str(model.device), _dtype_name(dtype)), drafter.name)
-        return ModelDrafter(DraftModel.from_mlx(draft, model), drafter.name)
-    raise MlxspecError(f"drafter {drafter.name!r} has no torch version")
 
 
 def _dtype_name(dtype: Any) -> str:

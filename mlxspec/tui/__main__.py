@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
 
 from .chat.app import ChatApp, run_chat
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             from .chat.fake import SCRIPT, TREE_SCRIPT, FakeSource
 
             ChatApp(FakeSource(TREE_SCRIPT if tree else SCRIPT, delay=0.3),
-                    Settings(a.draft, 4 if tree else k, temp=a.temp or 0.0, top_p=a.top_p or 1.0, tree=tree),
+                    Settings(a.draft, 4 if tree else k, params=SamplingParams(a.temp or 0.0, a.top_p or 1.0), tree=tree),
                     loading_label="the demo source").run()
         else:
             run_chat(a.model, a.draft, k, a.temp, a.top_p, a.max_tokens, a.dtype, **({"tree": tree} if tree else {}))

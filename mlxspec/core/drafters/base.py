@@ -80,6 +80,10 @@ class Commit:
 
 
 class Drafter(Protocol):
+    """What the engine drafts through. Beside the methods, a drafter may declare traits (class
+    attributes; ``trait`` reads them with the defaults below, so a drafter that declares none is
+    the most restricted kind)."""
+
     name: str
     # The engine then returns the target's hidden states in reset and commit: True for the final
     # (normed) state, block indices for the residual stream entering those blocks (EAGLE-3).
@@ -94,6 +98,22 @@ class Drafter(Protocol):
 
     def commit(self, commit: Commit) -> None:
         """Roll back to what the target kept."""
+
+
+# A drafter's traits and their defaults: ``samples_children``, it can draw a tree's children
+# from its q (``--tree DxB:sample``); ``commits_any``, its state follows whatever the target
+# kept, even steps another drafter proposed (so it may take part in a cascade);
+# ``draft_prior_ratio``, its step's cost as a share of a target pass until ``--k auto`` has
+# timed it; ``offers``, a method ``offers(history) -> bool`` saying in advance whether it would
+# draft (only such a drafter can go first in a cascade); ``proposer``, the name of what drafted
+# the last proposal (a cascade's part).
+TRAITS: dict[str, Any] = {"samples_children": False, "commits_any": False, "draft_prior_ratio": 0.1,
+                          "offers": None, "proposer": None}
+
+
+def trait(drafter: Any, name: str) -> Any:
+    """A drafter's declared trait, or its default (``TRAITS``)."""
+    return getattr(drafter, name, TRAITS[name])
 
 
 class TreeDrafter(Drafter, Protocol):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mlxspec.core.drafters.base import Commit, Proposal, can_branch
+from mlxspec.core.drafters.base import Commit, Proposal, can_branch, trait
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import TreeShape
 from mlxspec.errors import MlxspecError
@@ -39,11 +39,11 @@ class CascadeDrafter:
         parts = list(parts)
         if len(parts) < 2:
             raise MlxspecError("a cascade needs at least two drafters")
-        first = next((p for p in parts[:-1] if not callable(getattr(p, "offers", None))), None)
+        first = next((p for p in parts[:-1] if trait(p, "offers") is None), None)
         if first is not None:
             raise MlxspecError(f"{first.name!r} cannot go first in a cascade: only prompt lookup (ngram:N, suffix:N) "
                                "can say in advance whether it has a draft")
-        stateful = next((p for p in parts if not getattr(p, "commits_any", False)), None)
+        stateful = next((p for p in parts if not trait(p, "commits_any")), None)
         if stateful is not None:
             raise MlxspecError(f"{stateful.name!r} cannot take part in a cascade: its cache holds its own drafts, so it "
                                "cannot follow steps another drafter proposed (use ngram:N, suffix:N or an eagle head)")

@@ -22,6 +22,7 @@ class NgramDrafter:
 
     wants_hidden = False
     commits_any = True  # nothing of its state depends on what it proposed
+    draft_prior_ratio = 0.01  # a lookup costs next to nothing beside a target pass
 
     def __init__(self, n: int = 3, min_n: int | None = None, ops: ModuleType = mlx_ops):
         if not 1 <= n <= 16:

@@ -202,6 +202,7 @@ class SuffixDrafter:
 
     wants_hidden = False
     commits_any = True  # the index holds committed text only
+    draft_prior_ratio = 0.01  # a lookup costs next to nothing beside a target pass
 
     def __init__(self, n: int = DEFAULT_N, min_n: int = 2, max_tokens: int = DEFAULT_MAX_TOKENS,
                  min_prob: float = DEFAULT_MIN_PROB, ops: ModuleType = mlx_ops):

@@ -12,7 +12,8 @@ from rich.text import Text
 from mlxspec.measure.bench.summary import Aggregate, TempResult
 from mlxspec.measure.bench.baseline import BaselineResult
 from mlxspec.measure.bench.common import TORCH_PREFIX, fmt_t, label, ratio
-from mlxspec.measure.bench.speculative import SpecBenchResult, sampling_filters
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.measure.bench.speculative import SpecBenchResult
 from mlxspec.measure.runs import fmt, fmt_list
 from mlxspec.measure.verdict import Kind, Verdict, markup
 
@@ -132,7 +133,7 @@ def _spec_table(result: SpecBenchResult, res: TempResult) -> Table:
     against = s.against is not None
     per_cat = f" ({s.per_category} per category)" if s.per_category and not s.prompts_file else ""
     shape = f"tree={s.tree}" if s.tree else f"k={s.k}"
-    filters = sampling_filters(s.top_p, s.min_p) if res.temperature > 0 else ""
+    filters = SamplingParams(top_p=s.top_p, min_p=s.min_p).filters_label if res.temperature > 0 else ""
     table = Table(
         title=(f"Speculative decoding, {fmt_t(res.temperature)}{filters}: {h.model} ({h.dtype}) + {s.draft}, {shape} "
                f"— {h.backend}"),

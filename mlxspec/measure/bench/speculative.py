@@ -57,8 +57,7 @@ class SpecOptions:
     peer_draft: str | None = None
     peer_k: int | None = None
     against: str | None = None
-    top_p: float = 1.0
-    min_p: float = 0.0
+    sampling: SamplingParams = SamplingParams()  # filters and processors of every run; ``temps`` set its temperature
 
     def checked(self) -> SpecOptions:
         """The options with K parsed and the temperatures as floats; bad values refused before
@@ -231,17 +230,12 @@ def _result(lm, o: SpecOptions, plan: _Plan, prompts: tuple[list[dict[str, Any]]
                             o.max_tokens, o.warmup, min(o.max_tokens, WARMUP_TOKENS), o.repeats, o.seed,
                             o.with_mlx_lm, str(o.prompts_file) if o.prompts_file is not None else None,
                             mlx_lm_k=plan.peer_k, mlx_lm_draft=o.peer_draft,
-                            tree=None if plan.tree is None else str(plan.tree), against=o.against, top_p=o.top_p,
-                            min_p=o.min_p)
+                            tree=None if plan.tree is None else str(plan.tree), against=o.against,
+                            top_p=o.sampling.top_p, min_p=o.sampling.min_p)
     shape = plan.k if plan.tree is None else f"tree {plan.tree}"
     return SpecBenchResult(run_header(lm), settings, note, prepared_prompts(items, ids), peer, runs, results,
                            verdicts(results, o.draft, shape, "target-only" if o.peer_draft == "none" else "speculative",
-                                    o.against, sampling_filters(o.top_p, o.min_p)))
-
-
-def sampling_filters(top_p: float, min_p: float) -> str:
-    """The filters that act at T > 0, as the tables and verdicts name them (" min-p=0.1")."""
-    return "".join(f" {n}={v:g}" for n, v, off in (("top-p", top_p, 1.0), ("min-p", min_p, 0.0)) if v != off)
+                                    o.against, o.sampling.filters_label))
 
 
 def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResult:
@@ -257,7 +251,7 @@ def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResu
     o = options.checked()
     meter = CpuMeter()
     # validates them before any loading; the filters act at T > 0 only
-    params_of = {t: SamplingParams(temperature=t, top_p=o.top_p, min_p=o.min_p) for t in o.temps}
+    params_of = {t: replace(o.sampling, temperature=t) for t in o.temps}
     items, note = spec_bench_prompts(o.categories, o.per_category, o.prompts_file)
     lm, drafter, stop, ids = prepare_speculative_run(
         o.model, o.draft, o.dtype, items, o.max_tokens, no_drafter="spec_bench needs a drafter (got 'none')")

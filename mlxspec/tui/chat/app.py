@@ -359,7 +359,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self.settings = replace(s, speculate=not s.speculate)
 
     def action_cycle_temperature(self) -> None:
-        self.settings = replace(self.settings, temp=_cycle(self.temperatures, self.settings.temp))
+        self.settings = self.settings.with_temp(_cycle(self.temperatures, self.settings.temp))
 
     def action_cycle_drafter(self) -> None:
         draft = _cycle(self.drafters, self.settings.draft)
@@ -463,21 +463,21 @@ class ChatApp(App[None], inherit_bindings=False):
 
 
 def chat_sampling(target: str, temp: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                  min_p: float | None = None) -> tuple[SamplingParams, str]:
+                  min_p: float | None = None, processors: SamplingParams | None = None) -> tuple[SamplingParams, str]:
     """The chat's sampling: each setting given on the command line, the others the model's
     recommended ones (``targets.sampling_defaults``: at T=0 the small default model loops on
-    everyday questions); checked, with a line saying what they are and where they come from."""
+    everyday questions), over ``processors`` (the penalties and logit bias given); checked, with
+    a line saying what they are and where they come from."""
     from mlxspec.targets.sampling_defaults import sampling_defaults
 
     d = sampling_defaults(target)
-    given = [x is not None for x in (temp, top_p, top_k, min_p)]
-    params = SamplingParams(d.temperature if temp is None else temp, d.top_p if top_p is None else top_p,
-                            d.top_k if top_k is None else top_k, d.min_p if min_p is None else min_p)
-    shown = Settings(temp=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p)
-    where = ("as given" if all(given) else f"the model's recommended: {d.source}" if not any(given)
+    given = {"temperature": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    chosen = {n: getattr(d.params, n) if v is None else v for n, v in given.items()}
+    params = replace(processors or SamplingParams(), **chosen)
+    set_ = [v is not None for v in given.values()]
+    where = ("as given" if all(set_) else f"the model's recommended: {d.source}" if not any(set_)
              else f"the rest the model's recommended: {d.source}")
-    label = f"T={params.temperature:g}" + "".join(f" {n}={v:g}" for n, v in shown.filters)
-    return params, f"Sampling {label} ({where})."
+    return params, f"Sampling {params.label} ({where})."
 
 
 def shipped_drafts(target: str) -> tuple[str, ...]:
@@ -505,7 +505,7 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
     from mlxspec.runtime import DTYPES
 
     k = parse_k_option(k)
-    recommended, note = chat_sampling(target, temp, top_p, top_k, min_p)
+    params, note = chat_sampling(target, temp, top_p, top_k, min_p, sampling)
     if dtype not in DTYPES:
         raise MlxspecError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if max_tokens <= 0:
@@ -514,9 +514,8 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
         raise MlxspecError("--tree needs a drafter, but --draft is none (try --draft self:8)")
     if tree is not None and k == AUTO:
         k = 4  # unused while the tree is on; nothing to measure for it
-    settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), temp=recommended.temperature,
-                        top_p=recommended.top_p, top_k=recommended.top_k, min_p=recommended.min_p, max_tokens=max_tokens,
-                        system=system, tree=tree, sampling=sampling)
+    settings = Settings(draft=draft or "none", k=k, speculate=draft not in ("none", ""), params=params,
+                        max_tokens=max_tokens, system=system, tree=tree)
     if backend not in ("mlx", "auto"):  # refuse a missing torch or device before the UI starts
         from mlxspec.torchpath import pick_device, split_backend
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.events import Done, Step
-from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.runs import RunCollector
 from mlxspec.session import Session, StepText
 
@@ -39,7 +38,7 @@ def headless_run(lm, settings: Settings) -> dict:
     session = Session(lm, settings.drafter, settings.k, dtype=lm.dtype)
     cpu = time.process_time()
     run = RunCollector()
-    for ev in session.stream([{"role": "user", "content": PROMPT}], SamplingParams(settings.temp), settings.max_tokens,
+    for ev in session.stream([{"role": "user", "content": PROMPT}], settings.params, settings.max_tokens,
                              stop_ids=set()):
         run.add(ev)
         if isinstance(ev, Step):
@@ -56,7 +55,7 @@ class _NoStop(ModelSource):
     """The same turn as ``headless_run``: EOS ignored, so both decode exactly max_tokens."""
 
     def events(self, messages, settings):
-        return self.drafting(settings).stream(messages, SamplingParams(settings.temp), settings.max_tokens,
+        return self.drafting(settings).stream(messages, settings.params, settings.max_tokens,
                                               stop_ids=set())
 
 

@@ -40,17 +40,18 @@ class Settings:
     draft: str = "default"
     k: int | str = 4  # or AUTO
     speculate: bool = True
-    temp: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    params: SamplingParams = SamplingParams()  # temperature (cycled by a key), filters, penalties
     max_tokens: int = 512
     seed: int = 0
     system: str | None = None  # a system message before every conversation (--system-prompt)
     tree: TreeShape | None = None  # --tree DxB: draft trees of this shape instead of chains (K unused)
-    # The command line's other sampling controls (top-k, min-p, penalties, logit bias); the
-    # keys' temperature and top-p override its own.
-    sampling: SamplingParams | None = None
+
+    @property
+    def temp(self) -> float:
+        return self.params.temperature
+
+    def with_temp(self, temp: float) -> Settings:
+        return replace(self, params=replace(self.params, temperature=temp))
 
     @property
     def drafter(self) -> str:
@@ -74,23 +75,9 @@ class Settings:
         return f"K={self.k}" if self.tree is None else f"tree={self.tree}"
 
     @property
-    def params(self) -> SamplingParams:
-        """The turn's sampling: the keys' temperature and filters over the command line's other controls."""
-        if self.sampling is None:
-            return SamplingParams(self.temp, self.top_p, self.top_k, self.min_p)
-        return replace(self.sampling, temperature=self.temp, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
-
-    @property
-    def filters(self) -> list[tuple[str, float]]:
-        """The sampling filters in force, as (name, value): top-p, top-k, min-p."""
-        return [(name, value) for name, value, on in
-                (("top-p", self.top_p, self.top_p < 1), ("top-k", self.top_k, self.top_k > 0),
-                 ("min-p", self.min_p, self.min_p > 0)) if on]
-
-    @property
     def label(self) -> str:
         spec = "target only" if self.drafter == "none" else f"{self.drafter} {self.shape}"
-        return f"{spec} · T={self.temp:g}" + "".join(f" {name}={value:g}" for name, value in self.filters)
+        return f"{spec} · {self.params.label}"
 
 
 @dataclass(frozen=True)

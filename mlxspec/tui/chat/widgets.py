@@ -234,7 +234,7 @@ def _settings_rows(t: Text, settings: Settings) -> None:
         _row(t, "K", str(settings.k))
     else:
         _row(t, "tree", f"{settings.tree} ({settings.tree.nodes} nodes)")
-    _row(t, "temperature", f"{settings.temp:g}" + "".join(f"  {name} {value:g}" for name, value in settings.filters))
+    _row(t, "temperature", f"{settings.temp:g}" + "".join(f"  {name} {value:g}" for name, value in settings.params.filters))
 
 
 def _speed_rows(t: Text, s: TurnStats | None, baseline: Baseline, busy: bool) -> None:
