@@ -19,7 +19,6 @@ import mlx.core as mx
 from mlxspec.core.drafters import Drafter, ModelDrafter, NgramDrafter
 from mlxspec.core.drafters.cascade import CascadeDrafter
 from mlxspec.core.drafters.eagle import EagleDrafter
-from mlxspec.core.drafters.repeat import RepeatDrafter
 from mlxspec.core.drafters.suffix import SuffixDrafter
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
@@ -165,8 +164,6 @@ KINDS: tuple[Kind, ...] = (
          counted("ngram", 3), lambda n, name, t, d: NgramDrafter(n), _lookup_twin(NgramDrafter)),
     Kind("suffix", "suffix[:N]", "an index of the session's own text, its likeliest continuation (N 8)",
          counted("suffix", 8), lambda n, name, t, d: SuffixDrafter(n), _lookup_twin(SuffixDrafter)),
-    Kind("repeat", "repeat", "the last token again, K times", counted("repeat", 1),
-         lambda n, name, t, d: RepeatDrafter(n), _lookup_twin(RepeatDrafter), branches=False),
     Kind("self", "self:L", "the target's own first L layers with its final norm and head",
          _read_self, _make_self, _self_twin),
     Kind("trained", "a trained draft", "a draft trained here (`train-draft`), by registry name or folder",
