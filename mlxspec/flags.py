@@ -131,8 +131,9 @@ def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.
 def _penalties(repetition_penalty: float = 1.0, repetition_context_size: int = 20, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, logit_bias: Optional[list[str]] = None) -> Any:
     """The logits processors alone (temperature and the filters left to the model's defaults)."""
-    return sampling_params(0.0, 1.0, 0, 0.0, repetition_penalty, repetition_context_size, presence_penalty,
-                           frequency_penalty, logit_bias)
+    return sampling_params(0.0, 1.0, repetition_penalty=repetition_penalty,
+                           repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
+                           frequency_penalty=frequency_penalty, logit_bias=logit_bias)
 
 
 _PENALTY_FLAGS = (("repetition_penalty", float, RepetitionOpt), ("repetition_context_size", int, RepetitionContextOpt),
