@@ -115,14 +115,14 @@ def tree_option(tree: Optional[str], tree_nodes: Optional[int], k: Optional[str]
     return shape
 
 
-def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.0, top_a: float = 0.0, repetition_penalty: float = 1.0,
+def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                     repetition_context_size: int = 20, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                     logit_bias: Optional[list[str]] = None) -> Any:
     """The sampling flags as a checked ``SamplingParams``: a bad value is one error line before
     anything loads (a bias for a token past the vocabulary is refused once the model is known)."""
     from mlxspec.core.sampling import SamplingParams
 
-    return SamplingParams(temp, top_p, top_k, min_p, top_a, repetition_penalty=repetition_penalty,
+    return SamplingParams(temp, top_p, top_k, min_p, repetition_penalty=repetition_penalty,
                           repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
                           frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias or []))
 
@@ -141,8 +141,7 @@ _PENALTY_FLAGS = (("repetition_penalty", float, RepetitionOpt), ("repetition_con
                   ("logit_bias", Optional[list[str]], LogitBiasOpt))
 # Every sampling flag, made into one checked ``SamplingParams``.
 SAMPLING = FlagGroup((("temp", float, TempOpt), ("top_p", float, TopPOpt), ("top_k", int, TopKOpt),
-                      ("min_p", float, MinPOpt), ("top_a", float, typer.Option(0.0, "--top-a", help="Drop tokens below top-a x the top probability squared.")),
-                      *_PENALTY_FLAGS), sampling_params)
+                      ("min_p", float, MinPOpt), *_PENALTY_FLAGS), sampling_params)
 # The penalties and logit bias alone, for a command whose temperature and filters default to the model's.
 PENALTIES = FlagGroup(_PENALTY_FLAGS, _penalties)
 # --backend and --device as one backend spec ("mlx", "torch:cpu", ...).

@@ -11,7 +11,6 @@ the tokens before each position, so they are applied where the prefix is known: 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -32,7 +31,6 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
-    top_a: float = 0.0  # drop tokens below top_a x the top probability squared (0 = off)
     # mlx-lm's logits processors (``mlx_lm.sample_utils.make_logits_processors``), each over
     # the last ``*_context_size`` tokens of the position's own prefix (prompt included).
     repetition_penalty: float = 1.0  # 1 = off; sign-aware: a seen token's logit x or / this
@@ -78,7 +76,7 @@ class SamplingParams:
         """The filters in force, (name, value) as the command line spells them: top-p, top-k, min-p."""
         return tuple((name, value) for name, value, on in
                      (("top-p", self.top_p, self.top_p < 1), ("top-k", self.top_k, self.top_k > 0),
-                      ("min-p", self.min_p, self.min_p > 0), ("top-a", self.top_a, self.top_a > 0)) if on)
+                      ("min-p", self.min_p, self.min_p > 0)) if on)
 
     @property
     def filters_label(self) -> str:
@@ -120,9 +118,6 @@ def logprobs(logits: mx.array, params: SamplingParams) -> mx.array:
         lp, filtered = apply_top_p(lp, params.top_p), True
     if params.min_p > 0:
         lp, filtered = apply_min_p(lp, params.min_p), True
-    if params.top_a > 0:
-        threshold = 2 * lp.max(axis=-1, keepdims=True) + math.log(params.top_a)
-        lp, filtered = mx.where(lp < threshold, -mx.inf, lp), True
     return lp - mx.logsumexp(lp, axis=-1, keepdims=True) if filtered else lp
 
 

@@ -79,9 +79,6 @@ def logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         lp, filtered = _apply_top_p(lp, params.top_p), True
     if params.min_p > 0:
         lp, filtered = _apply_min_p(lp, params.min_p), True
-    if params.top_a > 0:
-        threshold = 2 * lp.amax(dim=-1, keepdim=True) + math.log(params.top_a)
-        lp, filtered = lp.masked_fill(lp < threshold, float("-inf")), True
     return lp - torch.logsumexp(lp, dim=-1, keepdim=True) if filtered else lp
 
 
