@@ -216,7 +216,7 @@ def verify(
     from mlxspec.measure import equivalence as eq
 
     options = eq.VerifyOptions(model, draft, k, tokens, temp, top_p, prompts=prompts, greedy_tokens=greedy_tokens,
-                               seed=seed, quick=quick).resolved()
+                               seed=seed, quick=quick).checked()
     with progress_bar("verify") as progress:
         result = eq.run_verify(replace(options, model=measured_target(model, "auto", backend)), progress).to_json()
     output.emit(result, lambda console: eq.print_verify(result, console))
@@ -250,7 +250,7 @@ def parity(
     device = parity_dtype(dtype, device)
     options = pa.ParityOptions(model, device, dtype, ks=parse_ks(ks), drafters=pa.parse_drafters(draft),
                                prompts=prompts, max_tokens=max_tokens, draws=draws, seed=seed,
-                               threads=torch_threads or None).resolved(quick)
+                               threads=torch_threads or None).checked(quick)
     with progress_bar("parity") as progress:
         result = pa.run_parity(options, progress)
     output.emit(result.to_json(), lambda console: pa.print_parity(result, console))
@@ -335,7 +335,7 @@ def profile(
     from mlxspec.measure import profile as pr
 
     options = pr.ProfileOptions(model, draft, k, temp, steps, warmup, repeats, dtype, seed, compare)
-    pr.check_options(options)
+    options = options.checked()
     if compare and backend.startswith("torch"):
         raise MlxspecError(pr.COMPARE_ON_TORCH)
     with progress_bar("profile") as progress:
@@ -478,8 +478,7 @@ def study(
     from mlxspec.measure import study as st
 
     options = st.StudyOptions(model, draft, tree, tree_nodes, temp, top_p, per_domain, max_tokens, seed, dtype, log,
-                              fresh, held_out, quick).resolved()
-    options.check()
+                              fresh, held_out, quick).checked()
     with progress_bar("study: loading") as progress:
         options = replace(options, model=measured_target(model, dtype, backend))
         result = st.run_study(options, progress, lambda path, before: err.print(st.log_line(path, before)))

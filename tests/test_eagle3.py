@@ -594,8 +594,8 @@ def test_train_draft_checks_aux_and_zero_layers():
                          (dict(arch="eagle3", aux_layers="2,x"), "expected comma-separated block indices"),
                          (dict(arch="eagle", share_embeddings=True), "--share-embeddings is for --arch eagle3")):
         with pytest.raises(MlxspecError, match=match):
-            TrainOptions(out=Path("x"), **flags).resolved()
-    assert TrainOptions(out=Path("x"), arch="eagle3", aux_layers="2,4,8", zero_layers="2,4").resolved().taps() == \
+            TrainOptions(out=Path("x"), **flags).checked()
+    assert TrainOptions(out=Path("x"), arch="eagle3", aux_layers="2,4,8", zero_layers="2,4").checked().taps() == \
         ((2, 4, 8), (2, 4))
 
 

@@ -352,7 +352,7 @@ def test_verify_prompts_interleave_categories():
 @pytest.mark.model
 def test_quick_verify_passes(lm):
     """What `mlxspec verify --quick` runs in CI: both checks pass on the real model."""
-    quick = equivalence.VerifyOptions(lm, QUICK_DRAFT, 4, seed=0, quick=True).resolved()
+    quick = equivalence.VerifyOptions(lm, QUICK_DRAFT, 4, seed=0, quick=True).checked()
     s = equivalence.sampling_check(quick)
     assert s["target_only"]["tokens"] >= 600 and s["speculative"]["tokens"] >= 600
     assert s["dof"] >= 10, "too few bins for a meaningful test"

@@ -36,27 +36,27 @@ def test_the_options_record_has_one_field_per_flag_and_spells_the_recipe():
     flags = set(inspect.signature(train_draft).parameters) - {"as_json"}
     assert flags == {f.name for f in dataclasses.fields(TrainOptions)}
     models = Path("mlxspec/models")
-    draft = TrainOptions(out=models / "smollm2-135m-draft", loss="eal", steps=450).resolved()
+    draft = TrainOptions(out=models / "smollm2-135m-draft", loss="eal", steps=450).checked()
     assert recipe(draft) == (
         "mlxspec train-draft --loss eal --layers 2 --head-vocab 8192 --init target --window 5 --temp 1 --steps 450 "
         "--batch 8 --lr 0.0003 --prompts 320 --max-new-tokens 96 --seed 0 --out mlxspec/models/smollm2-135m-draft")
     eagle = TrainOptions(out=models / "smollm2-135m-eagle", arch="eagle", loss="eal", window=3, steps=2000,
-                         context=160, target_written=3300, backend="torch").resolved()
+                         context=160, target_written=3300, backend="torch").checked()
     assert recipe(eagle) == (
         "mlxspec train-draft --arch eagle --loss eal --window 3 --temp 1 --steps 2000 --batch 8 --context 160 "
         "--lr 0.0003 --feature-weight 0.5 --head-vocab 8192 --examples-per-category 300 --target-written 3300 "
         "--backend torch --seed 0 --out mlxspec/models/smollm2-135m-eagle")
     eagle3 = TrainOptions(out=Path("h"), arch="eagle3", loss="eal", window=3, steps=2000, context=160,
-                          aux_layers="2,15,27,30", zero_layers="30", backend="torch").resolved()
+                          aux_layers="2,15,27,30", zero_layers="30", backend="torch").checked()
     assert recipe(eagle3) == (
         "mlxspec train-draft --arch eagle3 --loss eal --window 3 --temp 1 --steps 2000 --batch 8 --context 160 "
         "--lr 0.0003 --head-vocab 8192 --examples-per-category 300 --aux-layers 2,15,27,30 --zero-layers 30 "
         "--backend torch --seed 0 --out h")
-    quick = TrainOptions(out=Path("d"), quick=True, grpo=True).resolved()  # --quick spelled out
+    quick = TrainOptions(out=Path("d"), quick=True, grpo=True).checked()  # --quick spelled out
     assert recipe(quick) == (
         "mlxspec train-draft --loss wtv --grpo --grpo-steps 4 --grpo-group 4 --layers 1 --head-vocab 1024 --init target "
         "--window 5 --temp 1 --steps 40 --batch 4 --lr 0.0003 --prompts 12 --max-new-tokens 24 --seed 0 --out d")
-    quick = TrainOptions(out=Path("e"), arch="eagle", quick=True).resolved()
+    quick = TrainOptions(out=Path("e"), arch="eagle", quick=True).checked()
     assert recipe(quick) == (
         "mlxspec train-draft --arch eagle --loss wtv --window 3 --temp 1 --steps 30 --batch 4 --context 64 --lr 0.0003 "
         "--feature-weight 0.5 --head-vocab 1024 --examples-per-category 2 --max-examples 22 --seed 0 --out e")

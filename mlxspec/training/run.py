@@ -89,7 +89,7 @@ class TrainOptions:
                 raise MlxspecError(f"{flag} {text!r}: expected comma-separated block indices, e.g. 2,15,27") from None
         return parse("--aux-layers", self.aux_layers), parse("--zero-layers", self.zero_layers) or ()
 
-    def resolved(self) -> TrainOptions:
+    def checked(self) -> TrainOptions:
         """The options a run uses: the flags that do not apply refused, ``--quick``'s CI-sized
         settings in place of the ones they stand for, the learning rate's default filled in."""
         o = replace(self, lr=self.lr or DEFAULT_LR)
@@ -193,7 +193,7 @@ def train_draft(opts: TrainOptions, progress: Progress | None = None) -> TrainRe
     (``--arch eagle``: on the target's features over the offline corpus; ``--arch eagle3``: an
     EAGLE-3 head on the states of three of its blocks, written in the published format) into
     ``opts.out``, model card included. Bad options are refused before anything is loaded."""
-    opts = opts.resolved()
+    opts = opts.checked()
     report = progress or (lambda r: None)
     return _train_eagle(opts, report) if opts.arch in ("eagle", "eagle3") else _train_draft(opts, report)
 

@@ -42,7 +42,7 @@ class VerifyOptions:
     seed: int = 0
     quick: bool = False
 
-    def resolved(self) -> VerifyOptions:
+    def checked(self) -> VerifyOptions:
         """The flags checked before a model loads, ``--quick``'s CI-sized counts in place."""
         parse_k(self.k)
         SamplingParams(self.temp, self.top_p)

@@ -60,7 +60,7 @@ class ParityOptions:
     with_speed: bool = True
     threads: int | None = None
 
-    def resolved(self, quick: bool = False) -> ParityOptions:
+    def checked(self, quick: bool = False) -> ParityOptions:
         """The command's options: ``--quick``'s CI-sized run in place of the counts, then checked."""
         o = self
         if quick:

@@ -10,8 +10,8 @@ draws it.
 from mlxspec.measure.profile.paths import PATHS, compare_paths
 from mlxspec.measure.profile.records import PHASES, ProfileOptions, StepProfile
 from mlxspec.measure.profile.render import print_profile
-from mlxspec.measure.profile.run import COMPARE_ON_TORCH, check_options, profile_step, profiled_draft
+from mlxspec.measure.profile.run import COMPARE_ON_TORCH, profile_step, profiled_draft
 from mlxspec.measure.profile.stepper import sync_round_trip_ms
 
-__all__ = ["COMPARE_ON_TORCH", "PATHS", "PHASES", "ProfileOptions", "StepProfile", "check_options", "compare_paths",
+__all__ = ["COMPARE_ON_TORCH", "PATHS", "PHASES", "ProfileOptions", "StepProfile", "compare_paths",
            "print_profile", "profile_step", "profiled_draft", "sync_round_trip_ms"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mlxspec.core.drafters import parse_k
+from mlxspec.errors import MlxspecError
 from mlxspec.measure.runs import SCHEMA, RunHeader
 from mlxspec.measure.verdict import Comparison
 
@@ -57,6 +59,9 @@ class PathTiming:
                 "verdict": c.kind.value, "round_ms": self.round_ms}
 
 
+NO_DRAFTER = "profile needs a drafter; --draft none drafts nothing (try --draft default or ngram:3)"
+
+
 @dataclass(frozen=True)
 class ProfileOptions:
     """What ``mlxspec profile`` is asked for; a field's name is its flag's. ``model``: a spec or
@@ -73,6 +78,15 @@ class ProfileOptions:
     dtype: str = "auto"
     seed: int = 0
     compare: bool = False
+
+    def checked(self) -> ProfileOptions:
+        """The options, bad ones refused before anything loads."""
+        if self.draft in ("none", ""):
+            raise MlxspecError(NO_DRAFTER)
+        parse_k(self.k)
+        if self.steps < 1 or self.repeats < 1 or self.warmup < 0:
+            raise MlxspecError("--steps and --repeats must be >= 1, --warmup >= 0")
+        return self
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,10 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from mlxspec.core.drafters import parse_k
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.measure.profile.paths import compare_paths
-from mlxspec.measure.profile.records import PHASES, Phase, ProfileOptions, ProfileSettings, StepProfile, VerifyPass
+from mlxspec.measure.profile.records import NO_DRAFTER, PHASES, Phase, ProfileOptions, ProfileSettings, StepProfile, VerifyPass
 from mlxspec.measure.profile.stepper import eager, engine_step_ms, profile_steps, sync_round_trip_ms
 from mlxspec.measure.runs import encode_prompts, progress_ticker, run_header, spec_bench_prompts
 from mlxspec.measure.sweep import verify_slope
@@ -23,7 +22,6 @@ from mlxspec.targets import loading, store
 from mlxspec.targets.costcurve import time_verify
 from mlxspec.targets.drafts import DEFAULT_FALLBACK, make_drafter
 
-NO_DRAFTER = "profile needs a drafter; --draft none drafts nothing (try --draft default or ngram:3)"
 COMPARE_ON_TORCH = "--compare times MLX's forward paths; this target runs on torch (add --backend mlx)"
 
 
@@ -41,15 +39,6 @@ def profiled_draft(draft: str, model_spec: Any) -> str:
     return shipped[0] if shipped else DEFAULT_FALLBACK
 
 
-def check_options(o: ProfileOptions) -> None:
-    """Refuse bad arguments before anything loads."""
-    if o.draft in ("none", ""):
-        raise MlxspecError(NO_DRAFTER)
-    parse_k(o.k)
-    if o.steps < 1 or o.repeats < 1 or o.warmup < 0:
-        raise MlxspecError("--steps and --repeats must be >= 1, --warmup >= 0")
-
-
 def _verify_passes(model: Any, prompt: list[int], k: int, repeats: int,
                    tick: Callable[[str], None]) -> tuple[list[VerifyPass], float]:
     """Target passes over L = 1..K+1 tokens (medians of ``repeats``), and the slope."""
@@ -65,7 +54,7 @@ def profile_step(options: ProfileOptions, progress: Callable[[int, int, str], An
     ``options.k``: ``steps`` instrumented steps (after ``warmup``), ``repeats`` rounds of
     target passes (and, with ``compare``, of every forward path)."""
     o = options
-    check_options(o)
+    o = o.checked()
     draft = profiled_draft(o.draft, o.model)
     params = SamplingParams(o.temp)
     lm = loading.as_loaded(o.model, o.dtype)

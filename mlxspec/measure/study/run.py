@@ -60,13 +60,16 @@ class StudyOptions:
     quick: bool = False
     resamples: int = RESAMPLES
 
-    def resolved(self) -> StudyOptions:
-        """``--quick``'s CI-sized prompt and token counts in place of the ones they stand for."""
-        return replace(self, per_domain=QUICK_PER_DOMAIN, max_tokens=QUICK_MAX_TOKENS) if self.quick else self
+    def checked(self) -> StudyOptions:
+        """``--quick``'s CI-sized prompt and token counts in place of the ones they stand for,
+        then everything that can be refused before a model loads, the prompt data included."""
+        o = replace(self, per_domain=QUICK_PER_DOMAIN, max_tokens=QUICK_MAX_TOKENS) if self.quick else self
+        o.decoding()
+        study_prompts(o.per_domain)  # the data folder, before the model loads
+        return o
 
-    def check(self) -> tuple[TreeShape, SamplingParams]:
-        """Everything that can be refused before a model loads, the prompt data included;
-        returns (tree shape, sampling parameters)."""
+    def decoding(self) -> tuple[TreeShape, SamplingParams]:
+        """The tree shape and sampling the study decodes with, checked."""
         if self.per_domain < 1:
             raise MlxspecError(f"--prompts-per-domain must be >= 1, got {self.per_domain}")
         if self.max_tokens <= 0:
@@ -75,9 +78,7 @@ class StudyOptions:
         if self.draft in ("none", ""):
             raise MlxspecError("the study needs a drafter that can branch, but --draft is none "
                                "(e.g. --draft smollm2-135m-draft, self:8 or ngram:3)")
-        params = SamplingParams(temperature=float(self.temp), top_p=float(self.top_p))
-        study_prompts(self.per_domain)  # the data folder, before the model loads
-        return shape, params
+        return shape, SamplingParams(temperature=float(self.temp), top_p=float(self.top_p))
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def run_study(options: StudyOptions, progress: Progress = None,
     holds are not run again; ``progress(done, total, label)`` over the prompts still to run;
     ``on_log(path, done_before)`` once the log is open."""
     o = options
-    shape, params = o.check()
+    shape, params = o.decoding()
     lm = loading.as_loaded(o.model, o.dtype)
     draft = default_draft(lm) if o.draft == "default" else o.draft
     items, notes = _prompts_for(draft, o)
