@@ -236,7 +236,8 @@ def _prompt_item(row: Any, i: int, path: Path) -> dict[str, Any]:
     turns = row.get("turns") if isinstance(row, dict) else None
     if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
         raise MlxspecError(f"{path}, prompt {i + 1}: expected an object with a non-empty 'turns' list")
-    return {"id": row.get("question_id", f"custom-{i + 1}"), "category": "custom", "text": turns[0]}
+    return {"id": row.get("question_id", f"custom-{i + 1}"), "category": str(row.get("category", "custom")),
+            "text": turns[0]}
 
 
 def read_prompts_file(path: str | Path) -> list[dict[str, Any]]:

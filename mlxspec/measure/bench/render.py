@@ -102,7 +102,7 @@ def _speedup_cell(a: Aggregate) -> str:
     return sp
 
 
-def _spec_columns(peer: bool, against: bool = False) -> list[tuple[str, str]]:
+def _spec_columns(peer: bool, against: bool = False, cpp: bool = False) -> list[tuple[str, str]]:
     cols = [("category", "left"), ("target\ntok/s", "right"), ("spec\ntok/s", "right"), ("speedup", "right"),
             ("95%\ninterval", "right"), ("median", "right"), ("tau", "right"), ("acc by\nposition", "left"),
             ("draft\nms", "right"), ("verify\nms", "right")]
@@ -110,10 +110,12 @@ def _spec_columns(peer: bool, against: bool = False) -> list[tuple[str, str]]:
         cols += [("against\ntok/s", "right"), ("vs\nagainst", "right"), ("against\ntau", "right")]
     if peer:
         cols += [("mlx-lm\ntok/s", "right"), ("vs\nmlx-lm", "right"), ("mlx-lm\ntau", "right")]
+    if cpp:
+        cols += [("llama.cpp\ntok/s", "right"), ("vs\nllama.cpp", "right")]
     return cols
 
 
-def _spec_cells(name: str, a: Aggregate, peer: bool, against: bool = False) -> list[str]:
+def _spec_cells(name: str, a: Aggregate, peer: bool, against: bool = False, cpp: bool = False) -> list[str]:
     s, iv = a.spec, a.comparison.interval
     cells = [name, fmt(a.target_tps), fmt(a.spec_tps), _speedup_cell(a), "-" if iv is None else str(iv),
              fmt(a.speedup_median, "{:.2f}x"), fmt(s and s.tau, "{:.2f}"),
@@ -124,6 +126,9 @@ def _spec_cells(name: str, a: Aggregate, peer: bool, against: bool = False) -> l
     if peer:
         m = a.mlx_lm
         cells += [fmt(m and m.stats.tps), fmt(m and m.ratio, "{:.2f}x"), fmt(m and m.stats.tau, "{:.2f}")]
+    if cpp:
+        c = a.llama_cpp
+        cells += [fmt(c and c.stats.tps), fmt(c and c.ratio, "{:.2f}x")]
     return cells
 
 
@@ -131,6 +136,7 @@ def _spec_table(result: SpecBenchResult, res: TempResult) -> Table:
     s, h = result.settings, result.header
     peer = result.peer.target is not None
     against = s.against is not None
+    cpp = s.llama_cpp is not None
     per_cat = f" ({s.per_category} per category)" if s.per_category and not s.prompts_file else ""
     shape = f"tree={s.tree}" if s.tree else f"k={s.k}"
     filters = SamplingParams(top_p=s.top_p, min_p=s.min_p).filters_label if res.temperature > 0 else ""
@@ -142,11 +148,12 @@ def _spec_table(result: SpecBenchResult, res: TempResult) -> Table:
                  f"summed target tok/s, 95% interval: bootstrap over (prompt, repeat) pairs (median: of per-prompt "
                  f"ratios); tau = accepted drafts per step; acc = acceptance by draft position"
                  + (f"; vs against = {s.draft} / {s.against} tok/s" if against else "")
-                 + ("; vs mlx-lm = mlxspec / mlx-lm tok/s" if peer else "") + _load(h)),
+                 + ("; vs mlx-lm = mlxspec / mlx-lm tok/s" if peer else "")
+                 + (f"; vs llama.cpp = {s.draft} / {s.llama_cpp}" if cpp else "") + _load(h)),
     )
     entries = list(res.categories.items()) + [("overall", res.overall)]
-    rows = [_spec_cells(name, a, peer, against) for name, a in entries]
-    for c, (col, just) in enumerate(_spec_columns(peer, against)):
+    rows = [_spec_cells(name, a, peer, against, cpp) for name, a in entries]
+    for c, (col, just) in enumerate(_spec_columns(peer, against, cpp)):
         # never cut a number: a column may wrap at spaces but is at least its longest word wide
         longest = max(len(w) for r in rows for w in Text.from_markup(r[c]).plain.split())
         table.add_column(col, justify=just, no_wrap=c == 0, min_width=longest)

@@ -28,7 +28,8 @@ from mlxspec.measure.runs import (
 )
 from mlxspec.measure.verdict import Verdict
 from mlxspec.session import Session
-from mlxspec.targets.drafts import make_drafter
+from mlxspec.measure.bench.llamacpp import LlamaCpp, check_same_tokens, llama_cpp_run, open_llama_cpp, threads_of
+from mlxspec.targets.drafts import branching_kinds, make_drafter
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class SpecOptions:
     peer_k: int | None = None
     against: str | None = None
     sampling: SamplingParams = SamplingParams()  # filters and processors of every run; ``temps`` set its temperature
+    llama_cpp: bool = False  # also llama.cpp's plain decoding of the target's GGUF file
 
     def checked(self) -> SpecOptions:
         """The options with K parsed and the temperatures as floats; bad values refused before
@@ -101,6 +103,7 @@ class SpecSettings:
     against: str | None = None  # the drafter timed beside ``draft`` in the same rounds
     top_p: float = 1.0  # sampling filters at T > 0 (every method, mlx-lm's too)
     min_p: float = 0.0
+    llama_cpp: str | None = None  # llama.cpp's peer as run (version, threads), when it ran
 
 
 @dataclass(frozen=True)
@@ -141,8 +144,7 @@ class _Plan:
 
 def _plan(lm, drafter, options: SpecOptions, progress: Progress) -> _Plan:
     if options.tree is not None and not can_branch(drafter):
-        raise MlxspecError(f"drafter {options.draft!r} cannot branch: --tree needs a draft model, self:L, an eagle "
-                           "head or ngram:N")
+        raise MlxspecError(f"drafter {options.draft!r} cannot branch: --tree needs one of {branching_kinds()}")
     say = (lambda s: progress(0, None, s)) if progress else None
     session = Session(lm, drafter, options.k, options.tree, remeasure_cost=options.remeasure_cost, log=say)
     tree, policy = session.tree, session.policy
@@ -175,8 +177,11 @@ class SpecRunner:
     peer: Peer
     plan: _Plan
     seed: int
+    cpp: LlamaCpp | None = None
 
     def __call__(self, method: str, t: float, p: list[int], n: int) -> Run:
+        if method == "llama_cpp":
+            return llama_cpp_run(self.cpp, p, self.params_of[t], n, self.stop, self.seed)
         if method == "mlx_lm":
             return mlx_lm_run(self.peer, self.lm.tokenizer, p, self.params_of[t], n, self.plan.peer_k, self.seed)
         drafter, policy = {"spec": (self.drafter, self.plan.policy),
@@ -257,9 +262,14 @@ def spec_bench(options: SpecOptions, progress: Progress = None) -> SpecBenchResu
         o.model, o.draft, o.dtype, items, o.max_tokens, no_drafter="spec_bench needs a drafter (got 'none')")
     peer = choose_peer(lm, o.draft, drafter, o.with_mlx_lm, o.peer_draft)
     plan = _plan(lm, drafter, o, progress)
-    run = SpecRunner(lm, drafter, stop, params_of, peer, plan, o.seed)
+    cpp = open_llama_cpp(lm, threads_of(lm)) if o.llama_cpp else None
+    if cpp is not None:
+        check_same_tokens(cpp, lm.tokenizer, ids)
+    run = SpecRunner(lm, drafter, stop, params_of, peer, plan, o.seed, cpp)
     methods = (["target", "spec"] + (["against"] if plan.rival is not None else [])
-               + (["mlx_lm"] if peer.target is not None else []))
+               + (["mlx_lm"] if peer.target is not None else []) + (["llama_cpp"] if cpp is not None else []))
     runs = time_spec_runs(run, methods, o, items, ids, progress)
     result = _result(lm, o, plan, (items, ids, note), peer, runs)
+    if cpp is not None:
+        result = replace(result, settings=replace(result.settings, llama_cpp=cpp.description))
     return replace(result, header=replace(result.header, others_busy=meter.others_busy()))

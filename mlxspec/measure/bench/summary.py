@@ -18,9 +18,9 @@ from mlxspec.core.runs import Run
 from mlxspec.measure.runs import MethodStats, fmt, method_stats
 from mlxspec.measure.verdict import Comparison, Kind, Verdict, pooled_ratio
 
-METHODS = ("target", "spec", "against", "mlx_lm")
+METHODS = ("target", "spec", "against", "mlx_lm", "llama_cpp")
 METHOD_LABELS = {"target": "target-only", "spec": "speculative", "against": "speculative (--against)",
-                 "mlx_lm": "mlx-lm speculative"}
+                 "mlx_lm": "mlx-lm speculative", "llama_cpp": "llama.cpp plain"}
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,10 @@ class Aggregate:
     greedy_identical: bool | None
     greedy_mismatches: list[Any]
     against: PeerStats | None = None
+    llama_cpp: PeerStats | None = None
+    # greedy: per prompt, how many tokens llama.cpp's reply shares with our target-only one
+    llama_cpp_prefix: tuple[int, ...] = ()
+    llama_cpp_runs_identical: tuple[bool, ...] = ()
 
     @property
     def target(self) -> MethodStats | None:
@@ -132,6 +136,8 @@ class Aggregate:
             "verify_ms": s and s.verify_ms, "target_ms_per_token": t and t.verify_ms,
             "mlx_lm": None if self.mlx_lm is None else self.mlx_lm.to_json(),
             "against": None if self.against is None else self.against.to_json(),
+            "llama_cpp": None if self.llama_cpp is None else self.llama_cpp.to_json(),
+            "llama_cpp_common_prefix": list(self.llama_cpp_prefix),
             "greedy_identical": self.greedy_identical, "greedy_mismatches": list(self.greedy_mismatches),
         }
 
@@ -163,7 +169,11 @@ def aggregate(runs: Sequence[SpecRun], k: int) -> Aggregate:
         speedup_median=statistics.median(ratios) if ratios else None, mlx_lm=beside("mlx_lm"),
         greedy_identical=_greedy_check(by["spec"] + by["against"]),
         greedy_mismatches=[r.prompt_id for r in by["spec"] + by["against"] if r.identical_to_target is False],
-        against=beside("against"),
+        against=beside("against"), llama_cpp=beside("llama_cpp"),
+        llama_cpp_prefix=tuple(len(r.run.tokens) if r.first_mismatch is None else r.first_mismatch
+                               for r in by["llama_cpp"] if r.identical_to_target is not None),
+        llama_cpp_runs_identical=tuple(r.identical_to_target for r in by["llama_cpp"]
+                                       if r.identical_to_target is not None),
     )
 
 
@@ -227,6 +237,26 @@ def _against_verdict(head: str, o: Aggregate, against: str) -> list[Verdict]:
                             f"{fmt(o.spec and o.spec.tau, '{:.2f}')} vs {fmt(a.stats.tau, '{:.2f}')})", c.interval)]
 
 
+def _llama_cpp_verdicts(head: str, o: Aggregate) -> list[Verdict]:
+    """Ours against llama.cpp's plain decoding of the same file: the benchmarked drafter and
+    target-only, and (greedy) how far the replies agree."""
+    m = o.llama_cpp
+    if m is None or m.ratio is None:
+        return []
+    c = m.comparison
+    text = (f"{head} mlxspec / llama.cpp plain = {m.ratio:.2f}x ({o.spec_tps:.1f} vs {m.stats.tps:.1f} tok/s; "
+            f"{c.describe()}; target-only / llama.cpp {fmt(ratio(o.target_tps, m.stats.tps), '{:.2f}x')}; "
+            f"decode {fmt(o.spec and o.spec.decode_tps)} vs {fmt(m.stats.decode_tps)} tok/s)")
+    out = [Verdict(c.kind, text, c.interval)]
+    if o.llama_cpp_prefix:
+        same = sum(1 for r in o.llama_cpp_runs_identical if r)
+        out.append(Verdict(Kind.NOTE, f"{head} llama.cpp's greedy reply equals our target-only one on {same} of "
+                                      f"{len(o.llama_cpp_prefix)} runs; tokens in common before they part: median "
+                                      f"{statistics.median(o.llama_cpp_prefix):g} (the same weights, other "
+                                      "arithmetic: they part at near-ties)"))
+    return out
+
+
 def verdicts(results: Sequence[TempResult], draft: str, k: int | str, peer_kind: str = "speculative",
              against: str | None = None, filters: str = "") -> list[Verdict]:
     """One verdict per temperature (faster / slower / no measurable difference, with its
@@ -243,6 +273,7 @@ def verdicts(results: Sequence[TempResult], draft: str, k: int | str, peer_kind:
         out.append(_headline(head, o, slow_in))
         out += _against_verdict(head, o, against or "")
         out += _peer_verdicts(head, o, peer_kind)
+        out += _llama_cpp_verdicts(head, o)
         if o.greedy_mismatches:
             out.append(Verdict(Kind.BUG, f"{head} BUG: greedy speculative output differs from target-only on "
                                          f"prompt(s) {', '.join(map(str, o.greedy_mismatches))}"))
