@@ -71,7 +71,7 @@ def generate(
     check_max_tokens(max_tokens)
     shape = tree_option(tree, tree_nodes, k, draft)
     k = k_option(k, draft)
-    session = Session.open(SessionOptions(model, dtype, backend, named_draft(draft, model), k, shape, remeasure_cost))
+    session = Session.open(SessionOptions(model, dtype, backend, named_draft(draft, model), k, shape, remeasure_cost)).ready()
     reply = ReplyPrinter(session, "auto" if k is None else k, as_json)
     try:
         for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw, logprobs=logprobs):

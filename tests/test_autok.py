@@ -263,8 +263,8 @@ def test_time_verify_warms_up_then_rotates_the_pass_lengths(tiny):
     assert rounds == [1, 2, 3, 4] and {n: len(ms) for n, ms in times.items()} == {1: 4, 3: 4, 5: 4}
 
 
-@pytest.mark.parametrize("busy, cached", [(0.1, True), (0.9, False), (None, True)])
-def test_a_curve_measured_on_a_busy_machine_is_not_cached(tiny, tmp_path, monkeypatch, busy, cached):
+@pytest.mark.parametrize("busy", [0.1, 0.9, None])
+def test_a_curve_measured_on_a_busy_machine_is_kept_and_marked(tiny, tmp_path, monkeypatch, busy):
     from mlxspec.targets import costcurve
 
     monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
@@ -272,9 +272,46 @@ def test_a_curve_measured_on_a_busy_machine_is_not_cached(tiny, tmp_path, monkey
     monkeypatch.setattr(costcurve, "BUSY_SHARE", 0.3)  # the rule as shipped (conftest lifts it)
     lines = []
     curve = costcurve.cost_curve(tiny, 2, reps=1, context_tokens=8, log=lines.append)
-    assert curve.others_busy == busy and len(curve.ms) == 2
-    assert costcurve.curve_path("tiny", "float32").is_file() == cached
-    assert any("not cached" in line for line in lines) != cached
+    assert curve.others_busy == busy and len(curve.ms) == 2 and curve.busy == (busy == 0.9)
+    assert costcurve.curve_path("tiny", "float32").is_file()  # kept either way: no later run waits for it
+    assert any("marked busy" in line for line in lines) == curve.busy
+
+
+def test_a_busy_curve_is_used_while_busy_and_measured_again_on_a_quiet_start(tiny, tmp_path, monkeypatch):
+    from mlxspec.targets import costcurve
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(costcurve, "BUSY_SHARE", 0.3)
+    monkeypatch.setattr(costcurve, "QUIET_PROBE_S", 0.0)
+    load = {"busy": 0.9}
+    monkeypatch.setattr(costcurve.CpuMeter, "others_busy", lambda self: load["busy"])
+    measured = []
+    real = costcurve.measure_cost_curve
+    monkeypatch.setattr(costcurve, "measure_cost_curve", lambda *a, **k: measured.append(1) or real(*a, **k))
+    first = costcurve.cost_curve(tiny, 2, reps=1, context_tokens=8, log=None)
+    lines = []
+    assert costcurve.cost_curve(tiny, 2, log=lines.append) == first and len(measured) == 1  # still busy: reused
+    assert any("measured under load" in line for line in lines)
+    load["busy"] = 0.05
+    again = costcurve.cost_curve(tiny, 2, reps=1, context_tokens=8, log=None)
+    assert len(measured) == 2 and not again.busy
+    assert costcurve.cost_curve(tiny, 2, log=None) == again and len(measured) == 2  # quiet and cached: kept
+
+
+def test_a_session_is_ready_before_its_first_request(tiny, tmp_path, monkeypatch):
+    """``Session.ready`` makes the K policy, with its cost curve, before any request: the first
+    request measures nothing."""
+    from mlxspec.session import Session
+    from mlxspec.targets import costcurve
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    measured = []
+    real = costcurve.measure_cost_curve
+    monkeypatch.setattr(costcurve, "measure_cost_curve", lambda *a, **k: measured.append(1) or real(*a, **k))
+    session = Session(tiny, "ngram:3", "auto", log=None).ready()
+    assert len(measured) == 1
+    list(session.stream([1, 2, 3, 1, 2], max_tokens=4))
+    assert len(measured) == 1
 
 
 @pytest.mark.parametrize("scale, steps, busy, stale", [

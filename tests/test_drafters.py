@@ -120,7 +120,8 @@ def test_bad_k(k):
 @pytest.mark.parametrize(
     "spec, message",
     [("ngram:x", "expected ngram:N"), ("ngram:0", "ngram size must be in 1..16"),
-     ("self:0", r"self:L needs 1 <= L < 30"), ("self:30", r"self:L needs 1 <= L < 30"), ("self:abc", "self:L needs")],
+     ("self:0", r"self:L needs 1 <= L < 30"), ("self:30", r"self:L needs 1 <= L < 30"),
+     ("self:abc", "expected self:L with L an integer")],
 )
 def test_bad_drafter_specs(spec, message):
     class Target:  # only the layer count matters for these checks

@@ -381,15 +381,15 @@ def test_the_torch_twin_drafts_what_mlx_does(target, monkeypatch):
     """With its products in float32 the twin's logits are MLX's to 1e-4; in bfloat16 (the
     default, ``draft_dtype``) to bfloat16's rounding, and either drafts the target's greedy text."""
     from mlxspec.torchpath import load as torch_load
-    from mlxspec.torchpath.load import drafter_on_torch
+    from mlxspec.torchpath.load import head_on_torch
     from mlxspec.torchpath.model import Llama as TorchLlama
 
     head = random_head(target, (1, 4, 8), own_embedding=True, norm_before_residual=True, seed=6)
     model = TorchLlama.from_mlx(target.model)
-    half = drafter_on_torch(EagleDrafter(head, "e3"), SimpleNamespace(model=model, source=target))
+    half = head_on_torch(EagleDrafter(head, "e3"), SimpleNamespace(model=model, source=target))
     in_bf16 = torch_load.draft_dtype() == torch.bfloat16  # where oneDNN runs it natively
     monkeypatch.setattr(torch_load, "draft_dtype", lambda: torch.float32)
-    twin = drafter_on_torch(EagleDrafter(head, "e3"), SimpleNamespace(model=model, source=target))
+    twin = head_on_torch(EagleDrafter(head, "e3"), SimpleNamespace(model=model, source=target))
     feats = np.array(target.model(mx.array([PROMPT_IDS]), None, return_hidden=head.wants_hidden)[1][0])
     _, torch_taps = model(torch.tensor([PROMPT_IDS]), None, return_hidden=head.wants_hidden)
     np.testing.assert_allclose(torch_taps[0].numpy(), feats, atol=1e-4, rtol=1e-4)

@@ -126,7 +126,7 @@ class Decoder:
 
     def _run(self, options: ServeOptions, loaded: Any, log: Log | None) -> None:
         try:
-            session = Session.open(options.session, loaded, log=log if log is not None else stderr_line)
+            session = Session.open(options.session, loaded, log=log if log is not None else stderr_line).ready()
         except BaseException as e:  # reported by the constructor on the caller's thread
             self._failure = e
             self._ready.set()

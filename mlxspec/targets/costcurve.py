@@ -34,7 +34,8 @@ from mlxspec.targets.store import home
 SCHEMA = 1
 CONTEXT_TOKENS = 256  # tokens in the cache while timing: a chat turn's worth
 REPS = 5
-BUSY_SHARE = 0.3  # other processes' share of all CPUs above which a measurement is not cached
+BUSY_SHARE = 0.3  # other processes' share of all CPUs above which a measurement is marked busy
+QUIET_PROBE_S = 0.3  # how long a session start watches the load before re-measuring a busy curve
 STALE_SCALE = 1.5  # live verify timings this many times off the cached curve (either way) make it stale
 STALE_STEPS = 16  # timed steps before the live scale is trusted
 
@@ -58,6 +59,12 @@ class CostCurve:
     @property
     def max_tokens(self) -> int:
         return len(self.ms)
+
+    @property
+    def busy(self) -> bool:
+        """Measured while other processes held the CPUs: kept and used, measured again when a
+        session starts on a quiet machine."""
+        return self.others_busy is not None and self.others_busy > BUSY_SHARE
 
     @property
     def ratios(self) -> list[float]:
@@ -97,13 +104,29 @@ def curve_path(target: str, dtype: str, device: str | None = None) -> Path:
 
 
 def _device_of(lm: Any) -> str:
-    """What the curve was measured on: MLX's device, or the torch backend and device."""
+    """What the curve was measured on: MLX's device, or the torch backend, device and threads."""
     backend = getattr(lm, "backend", "mlx")
     if backend == "mlx":
         return device_name()
     # the batch-invariant kernels have their own curve: one cached before them would mislead --k auto
     kernels = "-invariant" if getattr(getattr(lm, "model", None), "batch_invariant", False) else ""
-    return backend.replace(":", "-") + kernels
+    return backend.replace(":", "-") + kernels + f"-{_torch_threads()}t"
+
+
+def _torch_threads() -> int:
+    """torch's CPU threads now: a pass's cost depends on them (``torchpath.threads`` sets them
+    from the load), so each count has its own curve."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+def quiet_now(seconds: float = QUIET_PROBE_S) -> bool:
+    """Whether other processes leave the CPUs alone over the next ``seconds``."""
+    meter = CpuMeter()
+    time.sleep(seconds)
+    busy = meter.others_busy()
+    return busy is not None and busy <= BUSY_SHARE
 
 
 def stderr_line(text: str) -> None:
@@ -202,19 +225,24 @@ def check_against_live(lm: Any, curve: CostCurve, scale: float, steps: int, othe
 
 def cost_curve(lm: Any, max_tokens: int, remeasure: bool = False, reps: int = REPS,
                context_tokens: int = CONTEXT_TOKENS, log: Callable[[str], None] | None = stderr_line) -> CostCurve:
-    """The cached curve of ``lm`` on this device if it covers ``max_tokens`` pass lengths, else
-    (or with ``remeasure``) a new measurement, cached. A cache that cannot be written is only
-    a note: the measurement is still used."""
+    """The cached curve of ``lm`` on this device and thread count if it covers ``max_tokens``
+    pass lengths, else (or with ``remeasure``) a new measurement, cached. A curve measured under
+    load is cached too, marked ``busy``: it is used as it is, and measured again only when a
+    session starts on a quiet machine, so no later run waits for it. A cache that cannot be
+    written is only a note: the measurement is still used. Sessions call this before their first
+    request (``Session.ready``), never inside one."""
     path = curve_path(lm.name, lm.dtype, _device_of(lm))
     cached = None if remeasure else load_cost_curve(path)
-    if cached is not None and cached.target == lm.name and cached.dtype == lm.dtype and cached.max_tokens >= max_tokens:
+    fits = cached is not None and cached.target == lm.name and cached.dtype == lm.dtype and cached.max_tokens >= max_tokens
+    if fits and not (cached.busy and quiet_now()):
+        if cached.busy and log is not None:
+            log(f"note: using the verify-cost curve of {lm.name} measured under load ({cached.others_busy:.0%} of the "
+                f"CPUs busy, {cached.measured}); it is measured again when a session starts on a quiet machine")
         return cached
     curve = measure_cost_curve(lm, max_tokens, reps, context_tokens, log)
-    if curve.others_busy is not None and curve.others_busy > BUSY_SHARE:
-        if log is not None:
-            log(f"note: other processes kept {curve.others_busy:.0%} of the CPUs busy while the verify cost was "
-                "measured: it is used for this run only, not cached")
-        return curve
+    if curve.busy and log is not None:
+        log(f"note: other processes kept {curve.others_busy:.0%} of the CPUs busy while the verify cost was "
+            "measured: it is kept, marked busy, until a session starts on a quiet machine")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -144,6 +144,7 @@ class ModelSource:
         self.session = self.session or self._open(self.lm)
         if self.auto_k:  # measured (or read from its cache) now, not during the first turn
             self.session.cost_curve()
+        self.session.ready()
         on_mlx = getattr(self.lm, "backend", "mlx") == "mlx"
         return ModelInfo(self.lm.name, self.lm.dtype, self.lm.context_length,
                          runtime.backend_description() if on_mlx else runtime.torch_description(self.lm.backend),
