@@ -25,8 +25,6 @@ from mlxspec.cpuload import CpuMeter
 from mlxspec.measure.runs import read_prompts_file
 from mlxspec.session import Session, SessionOptions
 
-HERE = Path(__file__).resolve().parent
-
 
 @dataclass(frozen=True)
 class Timed:
@@ -57,7 +55,7 @@ def timed(session: Session, prompt: str, method: str, order: int, ids: list[int]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", default=str(HERE / "prompts" / "heldout-8.jsonl"))
+    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent / "prompts" / "heldout-8.jsonl"))
     ap.add_argument("-n", "--max-tokens", type=int, default=32)
     ap.add_argument("--draft", default="default")
     ap.add_argument("--out", type=Path)

@@ -306,3 +306,28 @@ def test_the_cli_is_a_thin_door():
     bodies = command_bodies(text)
     assert len(bodies) >= 10, "the command finder found too few commands"
     assert not (long := {n: b for n, b in bodies.items() if b > COMMAND_BODY_LINES}), long
+
+
+def family_lists(trees: dict[str, ast.Module], families: set[str]) -> list[str]:
+    """Modules holding a literal collection that names 3 or more model families."""
+    out = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+            if not isinstance(node, (ast.Dict, ast.List, ast.Tuple, ast.Set)) or items is None:
+                continue
+            named = {i.value for i in items if isinstance(i, ast.Constant) and i.value in families}
+            if len(named) >= 3:
+                out.append(f"{name}:{node.lineno} {sorted(named)}")
+    return out
+
+
+def test_model_families_are_listed_once():
+    """A new family is one row of ``targets.families.FAMILIES``: no other module keeps its own list."""
+    from mlxspec.targets.families import FAMILIES
+
+    trees = {n: t for n, t in modules().items() if n != "mlxspec.targets.families"}
+    copies = family_lists(trees, set(FAMILIES))
+    assert not copies, "family lists outside targets/families.py:\n" + "\n".join(copies)
+    copy = ast.parse('SUPPORTED = ("llama", "qwen2", "qwen3")')  # the check can fail
+    assert family_lists({"m": copy}, set(FAMILIES)) == ["m:1 ['llama', 'qwen2', 'qwen3']"]
