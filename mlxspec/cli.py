@@ -161,6 +161,7 @@ def bench(
     mlx_lm_draft: Optional[str] = typer.Option(None, "--mlx-lm-draft", help="The draft mlx-lm's peer runs instead (a registry draft, a draft folder or self:L), e.g. its best one for this target when --draft is an eagle head; none: mlx-lm target-only (its fastest where no draft pays). With --backend torch the peer runs on the MLX weights the target was copied from."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1] at T > 0, for every method (mlx-lm's too)."),
     min_p: float = typer.Option(0.0, "--min-p", help="At T > 0 drop tokens below min-p x the top probability, for every method: e.g. -t 1 --min-p 0.1, the chat's sampling for the default model."),
+    coupled: bool = typer.Option(False, "--coupled", help="At T > 0 sample every method by --seed- and position-keyed noise (generate --help): speculation then writes target-only's text; its acceptance cost, measured."),
     against: Optional[str] = typer.Option(None, "--against", help="Another drafter to time side by side with --draft in the same rounds and K setting, e.g. --draft ngram:3+smollm2-135m-eagle --against ngram:3: its speed, tau and the ratio between the two, per category."),
     llama_cpp: bool = typer.Option(False, "--llama-cpp", help="Also time llama.cpp's plain decoding of the target's GGUF file in the same rounds, same prompt tokens, temperatures, filters and thread count (needs the llama extra: README, \"Against llama.cpp\")."),
     mlx_lm_k: Optional[int] = typer.Option(None, "--mlx-lm-k", help="Draft tokens per step of mlx-lm's peer (default: --k; 4 under --k auto), e.g. its fastest K from a sweep."),
@@ -191,7 +192,7 @@ def bench(
                 measured_target(model, dtype, backend), draft, "auto" if k is None else k, tuple(temps), categories,
                 per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
                 remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k,
-                against=against, sampling=sampling_params(0.0, top_p, min_p=min_p), llama_cpp=llama_cpp), progress)
+                against=against, sampling=sampling_params(0.0, top_p, min_p=min_p, coupled=coupled), llama_cpp=llama_cpp), progress)
     output.emit(result.to_json(), lambda console: b.print_result(result, console))
 
 

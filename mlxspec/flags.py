@@ -40,6 +40,7 @@ TempOpt = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is gre
 TopPOpt = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1].")
 TopKOpt = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off).")
 MinPOpt = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability.")
+CoupledOpt = typer.Option(False, "--coupled", help="At T > 0, draw each token from noise keyed by --seed and its position (Gumbel-max): the reply is target-only sampling's for that seed, whatever the drafter and K. Drafts are kept only where they hit the target's draw, so fewer are accepted than by rejection sampling.")
 # The logits processors (mlx-lm's definitions; each position judged after its own prefix, so exact
 # under speculation too). Presence and frequency look back 20 tokens, as mlx-lm's defaults.
 RepetitionOpt = typer.Option(1.0, "--repetition-penalty", help="mlx-lm's repetition penalty: a token among the last --repetition-context-size has its logit divided by this (multiplied when negative); 1 = off.")
@@ -115,14 +116,14 @@ def tree_option(tree: Optional[str], tree_nodes: Optional[int], k: Optional[str]
     return shape
 
 
-def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                    repetition_context_size: int = 20, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                    logit_bias: Optional[list[str]] = None) -> Any:
+def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.0, coupled: bool = False,
+                    repetition_penalty: float = 1.0, repetition_context_size: int = 20, presence_penalty: float = 0.0,
+                    frequency_penalty: float = 0.0, logit_bias: Optional[list[str]] = None) -> Any:
     """The sampling flags as a checked ``SamplingParams``: a bad value is one error line before
     anything loads (a bias for a token past the vocabulary is refused once the model is known)."""
     from mlxspec.core.sampling import SamplingParams
 
-    return SamplingParams(temp, top_p, top_k, min_p, repetition_penalty=repetition_penalty,
+    return SamplingParams(temp, top_p, top_k, min_p, coupled=coupled, repetition_penalty=repetition_penalty,
                           repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
                           frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias or []))
 
@@ -141,7 +142,7 @@ _PENALTY_FLAGS = (("repetition_penalty", float, RepetitionOpt), ("repetition_con
                   ("logit_bias", Optional[list[str]], LogitBiasOpt))
 # Every sampling flag, made into one checked ``SamplingParams``.
 SAMPLING = FlagGroup((("temp", float, TempOpt), ("top_p", float, TopPOpt), ("top_k", int, TopKOpt),
-                      ("min_p", float, MinPOpt), *_PENALTY_FLAGS), sampling_params)
+                      ("min_p", float, MinPOpt), ("coupled", bool, CoupledOpt), *_PENALTY_FLAGS), sampling_params)
 # The penalties and logit bias alone, for a command whose temperature and filters default to the model's.
 PENALTIES = FlagGroup(_PENALTY_FLAGS, _penalties)
 # --backend and --device as one backend spec ("mlx", "torch:cpu", ...).

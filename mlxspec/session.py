@@ -14,7 +14,7 @@ from mlxspec.core.drafters import Drafter, KPolicy, can_branch
 from mlxspec.core.engine import generate, token_budget
 from mlxspec.core.events import Event, Status, Step, Token
 from mlxspec.core.prompt_cache import UNLIMITED, PromptCache
-from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.sampling import GREEDY, SamplingParams
 from mlxspec.core.tree import TreeShape
 from mlxspec.cpuload import CpuMeter
 from mlxspec.errors import MlxspecError
@@ -23,7 +23,6 @@ from mlxspec.targets.costcurve import CostCurve, check_against_live, cost_curve,
 from mlxspec.targets.drafts import branching_kinds, make_drafter
 from mlxspec.targets.tokenizer import encode_prompt, stop_token_ids
 
-GREEDY = SamplingParams()
 Prompt = str | list[dict[str, str]] | list[int]  # a user message, chat messages, or token ids
 
 

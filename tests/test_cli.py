@@ -105,6 +105,23 @@ def test_generate_json_stream():
 
 
 @pytest.mark.model
+def test_coupled_sampling_gives_target_only_sampling_text_whatever_the_drafter():
+    """--coupled with a seed: the default drafter under --k auto writes what --draft none writes."""
+    args = ("generate", "Write a haiku about the sea.", "-t", "1", "--seed", "5", "-n", "24", "--coupled", "--json")
+
+    def text(*more):
+        r = invoke(*args, *more)
+        assert r.exit_code == 0, r.output
+        rows = [json.loads(line) for line in r.stdout.splitlines()]
+        shown = [t for t in rows[:-1] if "text" in t and t["status"] != "rejected"]
+        return "".join(t["text"] for t in shown), rows[-1]["summary"]
+
+    alone, _ = text("--draft", "none")
+    drafted, summary = text()
+    assert drafted == alone and summary["generated_tokens"] > 0
+
+
+@pytest.mark.model
 @pytest.mark.parametrize("as_json", [True, False])
 def test_generate_interrupted_says_so_instead_of_finishing(monkeypatch, as_json):
     """Ctrl-C mid-reply: what was decoded stays printed, the end says "interrupted" (never a

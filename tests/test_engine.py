@@ -138,3 +138,64 @@ def test_sampling_with_a_draft_is_seeded(lm):
     a = [t for s in spec_run(lm, PROMPTS[0], d, 3, 16, p, seed=3)[0] for t in s.emitted]
     b = [t for s in spec_run(lm, PROMPTS[0], d, 3, 16, p, seed=3)[0] for t in s.emitted]
     assert a == b and len(a) > 0
+
+
+# --- coupled sampling on tiny models: the reply is target-only sampling's, whatever the drafter -----
+
+import random  # noqa: E402
+
+from mlxspec.core import engine  # noqa: E402
+from mlxspec.core.drafters import ModelDrafter, NgramDrafter  # noqa: E402
+from mlxspec.core.tree import parse_tree  # noqa: E402
+
+
+class RandomK:
+    """K drawn afresh each step, 0 included: what a timing-driven ``--k auto`` may choose."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def next_k(self) -> int:
+        return self.rng.randint(0, 5)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+    def observe_timing(self, draft_ms: float, verify_ms: float, drafted: int) -> None:
+        pass
+
+
+def coupled_tokens(model, drafter, k, seed=11, tree=None, params=None):
+    params = params or SamplingParams(temperature=1.0, min_p=0.02, coupled=True)
+    prompt = [(5 * i + 2) % 48 for i in range(12)]
+    steps = [ev for ev in engine.generate(model, prompt, params, 30, set(), 512, seed, drafter, k, tree=tree)
+             if isinstance(ev, Step)]
+    return [t.id for s in steps for t in s.tokens if t.emitted], sum(s.accepted for s in steps)
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_coupled_speculation_is_target_only_coupled_sampling(backend):
+    from tiny import lively_target
+
+    model = lively_target(3).model
+    ngram = NgramDrafter(2)
+    if backend == "torch":
+        torch_model = pytest.importorskip("mlxspec.torchpath.model")
+        from mlxspec.torchpath import ops as torch_ops
+        from mlxspec.torchpath.invariant import make_batch_invariant
+
+        model = torch_model.Llama.from_mlx(model)
+        assert make_batch_invariant(model)
+        ngram = NgramDrafter(2, ops=torch_ops)
+    alone, _ = coupled_tokens(model, None, 1)
+    accepted = 0
+    for drafter in (ModelDrafter(model, "self:1", 1), ngram):
+        for k in (1, 4, RandomK(0), RandomK(1)):
+            out, kept = coupled_tokens(model, drafter, k)
+            assert out == alone, (drafter.name, k)
+            accepted += kept
+    out, kept = coupled_tokens(model, ModelDrafter(model, "self:1", 1), 1, tree=parse_tree("3x2"))
+    assert out == alone and accepted + kept > 0  # drafts were kept: the coupling was exercised
+    assert coupled_tokens(model, None, 1, seed=12)[0] != alone  # the seed matters
+    uncoupled = SamplingParams(temperature=1.0, min_p=0.02)
+    assert coupled_tokens(model, None, 1, params=uncoupled)[0] != alone  # another stream than plain sampling's

@@ -52,3 +52,56 @@ def test_samples_follow_the_processed_distribution():
 def test_bad_parameters(kwargs, message):
     with pytest.raises(MlxspecError, match=message):
         SamplingParams(**kwargs)
+
+
+# --- coupled sampling (drafter-invariant: Gumbel-max with noise keyed by seed and position) ------------
+
+def _coupled_backends():
+    import mlxspec.core.sampling as core_sampling
+
+    out = [pytest.param(core_sampling.coupled_scores, lambda x: mx.array(x), lambda a: np.array(a), id="mlx")]
+    try:  # torch is an optional extra
+        import torch
+
+        from mlxspec.torchpath import sampling as torch_sampling
+    except ImportError:
+        return out
+    return out + [pytest.param(torch_sampling.coupled_scores, lambda x: torch.tensor(x), lambda a: a.numpy(), id="torch")]
+
+
+@pytest.mark.parametrize("scores, array, numpy", _coupled_backends())
+def test_coupled_noise_depends_on_seed_and_position_only(scores, array, numpy):
+    params = SamplingParams(temperature=1.0, top_k=3)
+    logits = array(np.linspace(-2, 2, 10, dtype=np.float32)[None].repeat(3, 0))
+    a = numpy(scores(logits, params, 7, [4, 5, 6]))
+    again = numpy(scores(logits[1:2], params, 7, [5]))
+    np.testing.assert_array_equal(a[1], again[0])  # the same draw whatever else is drawn with it
+    assert not np.array_equal(a[0], a[1])  # another position, other noise
+    assert not np.array_equal(a[0], numpy(scores(logits[:1], params, 8, [4]))[0])  # another seed too
+    assert np.isneginf(a[:, :7]).all() and np.isfinite(a[:, 7:]).all()  # filtered tokens never win
+
+
+@pytest.mark.parametrize("scores, array, numpy", _coupled_backends())
+def test_coupled_draws_follow_the_processed_distribution(scores, array, numpy):
+    """One draw per position, 6,000 positions: the argmax frequencies against p by a chi-square
+    test, and the same test refuses the unprocessed distribution (the check can fail)."""
+    from scipy.stats import chisquare
+
+    params = SamplingParams(temperature=0.7, min_p=0.05)
+    raw = np.array([1.0, 0.5, 0.0, -0.5, -1.0, -4.0], dtype=np.float32)
+    n = 6000
+    picks = numpy(scores(array(np.tile(raw, (n, 1))), params, 3, range(n))).argmax(-1)
+    counts = np.bincount(picks, minlength=raw.size)
+    p = np.array(probs(mx.array(raw), params)).astype(np.float64)
+    kept = p > 0
+    assert counts[~kept].sum() == 0
+    assert chisquare(counts[kept], p[kept] / p[kept].sum() * n).pvalue > 1e-3
+    plain = np.exp(raw.astype(np.float64))
+    assert chisquare(counts[kept], plain[kept] / plain[kept].sum() * n).pvalue < 1e-6
+
+
+def test_coupling_is_labelled_and_drafts_are_argmax():
+    p = SamplingParams(temperature=1.0, min_p=0.1, coupled=True)
+    assert p.label == "T=1 min-p=0.1 coupled" and p.is_coupled and p.for_drafts().greedy
+    off = SamplingParams(coupled=True)  # greedy: nothing to couple
+    assert not off.is_coupled and off.for_drafts() is off and off.label == "T=0"

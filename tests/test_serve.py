@@ -111,6 +111,7 @@ def test_chat_content_parts_are_joined():
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "mlxspec": {"token_status": "yes"}}, 400, "invalid_type"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_k": -1}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "min_p": 2}, 400, "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "coupled": 1}, 400, "invalid_type"),
     (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_messages"),
     (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "invalid_messages"),
     (CHAT, {"messages": [{"role": "user"}]}, 400, "invalid_messages"),
@@ -131,6 +132,8 @@ def test_neutral_values_of_unimplemented_fields_pass_and_top_k_min_p_are_used():
     req = parse_generation(CHAT, body, ServeOptions(), NAMES)
     assert (req.params.top_k, req.params.min_p, req.params.temperature) == (5, 0.1, 0.7)
     assert not req.params.processes and req.logprobs is None  # 0: mlx-lm's server's "no repetition penalty"
+    coupled = parse_generation(CHAT, body | {"coupled": True, "seed": 3}, ServeOptions(), NAMES)
+    assert coupled.params.is_coupled and coupled.seed == 3 and not req.params.coupled
 
 
 def test_sampling_controls_are_read():

@@ -29,7 +29,7 @@ from mlxspec.core.events import Done, Event, NodeStats, Status, Step, Token, Tre
 from mlxspec.core.ops import ops_for
 from mlxspec.core.processors import emitted_logprobs, prefix_tails
 from mlxspec.core.prompt_cache import PromptCache, Reuse
-from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.sampling import GREEDY, SamplingParams
 from mlxspec.core.target import Target
 from mlxspec.core.tree import TreeShape, first_line, path_to, verify_mask, verify_positions
 from mlxspec.errors import MlxspecError
@@ -72,18 +72,19 @@ def generate_plain(
     cache, n_kept = reuse.cache if reuse.cache is not None else model.make_cache(), reuse.n
     key = ops.key(seed)
 
-    def step(logits: Any, key: Any, tail: Any) -> tuple[Any, Any, tuple]:
-        return _plain_step(ops, params, logprobs, logits, key, tail)
+    def step(logits: Any, key: Any, tail: Any, position: int) -> tuple[Any, Any, tuple]:
+        return _plain_step(ops, params, logprobs, logits, key, tail, (seed, position))
 
     t0 = time.perf_counter()
     first_tail = ops.tokens(prompt[-params.window:])[None] if params.processes else None
-    y, key, y_lps = step(ops.prefill(model, cache, prompt[n_kept:]), key, first_tail)
+    y, key, y_lps = step(ops.prefill(model, cache, prompt[n_kept:]), key, first_tail, len(prompt))
     ops.async_evaluate(y, key, *_present(y_lps))
     n, reason, t_first, t_prev = 0, at_limit, None, None
     fed = list(prompt)  # what the cache holds once the pass in flight is done
     try:
         while n < limit:
-            nxt, key, nxt_lps = step(model(y.reshape(1, 1), cache)[0, -1], key, _tail_after(ops, params, fed, y))
+            nxt, key, nxt_lps = step(model(y.reshape(1, 1), cache)[0, -1], key, _tail_after(ops, params, fed, y),
+                                     len(fed) + 1)
             ops.async_evaluate(nxt, key, *_present(nxt_lps))
             tok = y.item()
             fed.append(tok)
@@ -111,13 +112,16 @@ def generate_plain(
 
 
 def _plain_step(ops: ModuleType, params: SamplingParams, logprobs: int | None, logits: Any, key: Any,
-                tail: Any) -> tuple[Any, Any, tuple]:
+                tail: Any, at: tuple[int, int]) -> tuple[Any, Any, tuple]:
     """Target-only decoding's next token from one row of logits (processed over ``tail`` when
-    the processors read a window), the key to use next, and its log-probabilities if asked."""
+    the processors read a window), the key to use next, and its log-probabilities if asked.
+    ``at``: the seed and the token's position, for coupled sampling."""
     if tail is not None:
         logits = ops.process_logits(logits[None], tail, None, params)[0]
     if params.greedy:  # no randomness: skip the key split and its evaluation
         tok = ops.sample(logits, params, None)
+    elif params.is_coupled:
+        tok = ops.sample(ops.coupled_scores(logits[None], params, at[0], [at[1]])[0], GREEDY, None)
     else:
         key, sub = ops.split(key, 2)
         tok = ops.sample(logits, params, sub)
@@ -184,9 +188,11 @@ def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
 
 
 def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Proposal, params: SamplingParams,
-            key: Any, want_hidden: bool | tuple[int, ...], tails: tuple[Any, Any] | None) -> tuple[Any, Any, Any, Any]:
+            key: Any, want_hidden: bool | tuple[int, ...], tails: tuple[Any, Any] | None,
+            at: tuple[int, int]) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, d_1..d_m]: how many drafts it keeps, its next token, and its
-    hidden states and (processed, with ``tails``) logits of the pass (lazy)."""
+    hidden states and (processed, with ``tails``) logits of the pass (lazy). ``at``: the seed
+    and the position of the token the first row draws, for coupled sampling."""
     draft = proposal.tokens
     out = model(ops.concatenate([ops.tokens([y]), draft])[None], cache,
                 **({"return_hidden": want_hidden} if want_hidden else {}))
@@ -195,6 +201,10 @@ def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Propo
         logits = ops.process_logits(logits, *tails, params)
     if params.greedy:
         n_acc, nxt = ops.greedy_verify(draft, logits)
+    elif params.is_coupled:  # a draft is kept where it is the target's own coupled draw
+        seed, first = at
+        n_acc, nxt = ops.greedy_verify(draft, ops.coupled_scores(logits, params, seed,
+                                                                  range(first, first + logits.shape[0])))
     else:
         p = ops.probs(logits, params)
         n_acc, nxt = ops.rejection_verify(draft, ops.pad_vocab(proposal.q, p.shape[-1]), p, key)
@@ -203,7 +213,7 @@ def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Propo
 
 def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: int, proposal: Proposal,
                  params: SamplingParams, key: Any, want_hidden: bool | tuple[int, ...],
-                 tails: tuple[Any, Any] | None) -> tuple[Any, Any, Any, Any]:
+                 tails: tuple[Any, Any] | None, seed: int) -> tuple[Any, Any, Any, Any]:
     """One target pass over [y, tree nodes], ``offset`` committed tokens cached before y: the
     last accepted node (-1: none), the next token and the hidden states and logits of the pass
     (lazy).
@@ -218,6 +228,9 @@ def _verify_tree(ops: ModuleType, model: Target, cache: list, offset: int, y: in
         logits = ops.process_logits(logits, *tails, params)
     if params.greedy:
         last, nxt = ops.tree_greedy_verify(proposal.tokens, parents, logits)
+    elif params.is_coupled:  # each row draws the token one past its own position
+        scores = ops.coupled_scores(logits, params, seed, [int(p) + 1 for p in positions])
+        last, nxt = ops.tree_greedy_verify(proposal.tokens, parents, scores)
     elif proposal.q is not None:  # children sampled from q: multi-round rejection
         p = ops.probs(logits, params)
         last, nxt = ops.tree_residual_verify(proposal.tokens, parents, ops.pad_vocab(proposal.q, p.shape[-1]), p, key)
@@ -308,10 +321,10 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
             key, draft_key, verify_key = ops.split(key, 3)
             # Never draft past what may still be emitted: the verify pass adds one token itself.
             room = max(0, min(tree.depth if tree else policy.next_k(), limit - emitted - 1))
-            proposal, draft_ms = _draft(ops, drafter, history, room, tree, params, draft_key, node_stats)
+            proposal, draft_ms = _draft(ops, drafter, history, room, tree, params.for_drafts(), draft_key, node_stats)
             drafted, t_drafted = proposal.tokens.tolist(), time.perf_counter()  # evaluated by _draft
             path, y, hidden, stats, lps = _decide(ops, model, cache, history, proposal, drafted, params, verify_key,
-                                                  drafter.wants_hidden, node_stats, logprobs)
+                                                  drafter.wants_hidden, node_stats, logprobs, seed)
             t_verified = time.perf_counter()
             verify_ms = (t_verified - t_drafted) * 1e3
             policy.observe(len(drafted), len(path))
@@ -358,7 +371,7 @@ def _draft(ops: ModuleType, drafter: Drafter, history: list[int], room: int, tre
 
 def _decide(ops: ModuleType, model: Target, cache: list, history: list[int], proposal: Proposal,
             drafted: list[int], params: SamplingParams, key: Any, want_hidden: bool | tuple[int, ...], node_stats: bool,
-            logprobs: int | None) -> tuple[list[int], int, Any, tuple, tuple]:
+            logprobs: int | None, seed: int) -> tuple[list[int], int, Any, tuple, tuple]:
     """One target pass over [y, proposal] (y = ``history[-1]``, not yet cached): the accepted
     path (indices into the proposal), the target's next token, the pass's hidden states (lazy),
     with ``node_stats`` each node's statistics and with ``logprobs`` the evaluated
@@ -366,10 +379,11 @@ def _decide(ops: ModuleType, model: Target, cache: list, history: list[int], pro
     y = history[-1]
     tails = _tails(ops, history, drafted, proposal.parents, params)
     if proposal.is_chain:
-        decided, nxt, hidden, logits = _verify(ops, model, cache, y, proposal, params, key, want_hidden, tails)
+        decided, nxt, hidden, logits = _verify(ops, model, cache, y, proposal, params, key, want_hidden, tails,
+                                               (seed, len(history)))
     else:
         decided, nxt, hidden, logits = _verify_tree(ops, model, cache, len(history) - 1, y, proposal, params, key,
-                                                    want_hidden, tails)
+                                                    want_hidden, tails, seed)
     stats = ops.node_stats(logits, proposal.tokens, proposal.parents, params) if node_stats and proposal.parents else ()
     lps = () if logprobs is None else ops.step_logprobs(logits, proposal.tree_parents, proposal.tokens, nxt, logprobs)
     ops.evaluate(decided, nxt, *stats, *_present(lps))

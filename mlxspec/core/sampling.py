@@ -11,9 +11,11 @@ the tokens before each position, so they are applied where the prefix is known: 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from mlxspec.errors import MlxspecError
@@ -40,6 +42,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's: subtracted once per occurrence
     frequency_context_size: int = 20
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, added to its logit), ids distinct
+    # At T > 0, draw each token by Gumbel-max with noise keyed by (seed, position) (``coupled_scores``):
+    # the reply is target-only sampling's for that seed, whatever the drafter and K.
+    coupled: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < float("inf"):  # also refuses NaN
@@ -85,8 +90,18 @@ class SamplingParams:
 
     @property
     def label(self) -> str:
-        """Temperature and filters: "T=1 min-p=0.1"."""
-        return f"T={self.temperature:g}{self.filters_label}"
+        """Temperature, filters and coupling: "T=1 min-p=0.1", "T=1 coupled"."""
+        return f"T={self.temperature:g}{self.filters_label}{' coupled' if self.coupled and not self.greedy else ''}"
+
+    @property
+    def is_coupled(self) -> bool:
+        """Whether tokens are drawn by ``coupled_scores`` (coupling means nothing when greedy)."""
+        return self.coupled and not self.greedy
+
+    def for_drafts(self) -> SamplingParams:
+        """What a drafter drafts with: under coupling its argmax (the target keeps a draft only
+        where it equals the target's own coupled draw, so any draft is exact), else these."""
+        return replace(self, temperature=0.0) if self.is_coupled else self
 
     @property
     def processes(self) -> bool:
@@ -101,6 +116,9 @@ class SamplingParams:
                                        (self.presence_penalty != 0, self.presence_context_size),
                                        (self.frequency_penalty != 0, self.frequency_context_size)) if on]
         return max(sizes, default=1)
+
+
+GREEDY = SamplingParams()
 
 
 def logprobs(logits: mx.array, params: SamplingParams) -> mx.array:
@@ -123,6 +141,26 @@ def logprobs(logits: mx.array, params: SamplingParams) -> mx.array:
 
 def probs(logits: mx.array, params: SamplingParams) -> mx.array:
     return mx.exp(logprobs(logits, params))
+
+
+def position_seed(seed: int, position: int) -> int:
+    """A 64-bit seed for the draw at ``position`` of a reply sampled with ``seed`` (numpy's
+    SeedSequence mixes the two), the same on every backend and in every run."""
+    words = np.random.SeedSequence([seed % 2**64, position]).generate_state(2, np.uint32)
+    return int(words[0]) << 32 | int(words[1])
+
+
+def coupled_scores(logits: mx.array, params: SamplingParams, seed: int, positions: Sequence[int]) -> mx.array:
+    """(n, V) logits of the tokens at ``positions`` -> their processed log-probabilities plus
+    Gumbel noise drawn from (seed, position) alone. A row's argmax is a draw from p (the
+    Gumbel-max trick) that depends on nothing but its position, the seed and p: not on how many
+    draws or passes came before, nor on any draft. Speculation then keeps a draft exactly where it
+    equals that argmax and takes the argmax where it does not, so its reply is target-only
+    sampling's with the same seed, for any drafter and K (drafter-invariant coupling, arXiv
+    2408.07978), at the cost of accepting only drafts that hit the target's draw."""
+    lp = logprobs(logits, params)
+    noise = [mx.random.gumbel((lp.shape[-1],), key=mx.random.key(position_seed(seed, p))) for p in positions]
+    return lp + mx.stack(noise).astype(lp.dtype)
 
 
 def sample(logits: mx.array, params: SamplingParams, key: mx.array | None) -> mx.array:

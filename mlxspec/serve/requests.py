@@ -105,7 +105,9 @@ IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "reaso
 # The sampling fields are ``SamplingParams``' own, named as OpenAI's API (temperature, top_p,
 # presence and frequency penalties, logit_bias) and mlx-lm's server (top_k, min_p,
 # repetition_penalty and the *_context_size windows) name them.
-SAMPLING = {f.name: int if f.type in (int, "int") else float for f in fields(SamplingParams) if f.name != "logit_bias"}
+# ``coupled`` is ours: with a seed, the reply is target-only sampling's whatever the drafter.
+SAMPLING = {f.name: {"int": int, "bool": bool}.get(str(f.type), float) for f in fields(SamplingParams)
+            if f.name != "logit_bias"}
 READ = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "stream", "stop", "seed",
         "mlxspec", "logprobs", "top_logprobs", "logit_bias"} | set(SAMPLING)
 ROLES = ("system", "user", "assistant", "developer")

@@ -14,10 +14,11 @@ and the key on a given device.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
-from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.sampling import SamplingParams, position_seed
 
 _KEY_BOUND = 2**63
 
@@ -84,6 +85,16 @@ def logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.exp(logprobs(logits, params))
+
+
+def coupled_scores(logits: torch.Tensor, params: SamplingParams, seed: int, positions: Sequence[int]) -> torch.Tensor:
+    """``core.sampling.coupled_scores``: the noise from torch's generator at the same
+    (seed, position) seeds (not MLX's numbers: each backend reproduces its own replies)."""
+    lp = logprobs(logits, params)
+    tiny = torch.finfo(lp.dtype).tiny
+    noise = [-torch.log(-torch.log(torch.rand(lp.shape[-1], generator=generator(position_seed(seed, p) % _KEY_BOUND),
+                                              dtype=lp.dtype).clamp_min(tiny))) for p in positions]
+    return lp + torch.stack(noise).to(lp.device)
 
 
 def categorical(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
