@@ -17,23 +17,23 @@ from rich.markup import escape
 
 from mlxspec.errors import MlxspecError
 from mlxspec.flags import (BACKEND, OUTPUT, PENALTIES, SAMPLING, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
-                           RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, bench_checks, check_max_tokens, checked_draft,
-                           grouped,
-                           k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size,
-                           read_prompt, sampling_params, serve_checks, sweep_trees, tree_option, with_system)
+                           RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, VersionOpt, bench_checks, check_max_tokens, checked_draft,
+                           grouped, k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size, read_prompt,
+                           sampling_params, serve_checks, sweep_trees, tree_option, with_system)
 from mlxspec.targets import store
 from mlxspec.terminal import check_out_folder, err, friendly, models_table, print_json, progress_bar
 
 app = typer.Typer(
-    help="Speculative decoding workbench for local LLMs on MLX.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     rich_markup_mode="markdown",  # docstrings' wrapped lines reflow to the terminal's width
 )
 models_app = typer.Typer(help="The local model store: list and fetch registry models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
+
+@app.callback()
+def main(version: bool = VersionOpt) -> None:
+    """Speculative decoding workbench for local LLMs on MLX."""
 
 
 @app.command()
@@ -57,6 +57,7 @@ def generate(
     tree_nodes: Optional[int] = TreeNodesOpt,
     remeasure_cost: bool = RemeasureOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per token (with its status), then a summary."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write the reply as printed (with --json, its lines) to this file once it ends, or is interrupted."),
     backend: str = BACKEND,
 ) -> None:
     """Generate a reply, streaming it to stdout, by speculative decoding with the default draft
@@ -72,7 +73,7 @@ def generate(
     shape = tree_option(tree, tree_nodes, k, draft)
     k = k_option(k, draft)
     session = Session.open(SessionOptions(model, dtype, backend, named_draft(draft, model), k, shape, remeasure_cost)).ready()
-    reply = ReplyPrinter(session, "auto" if k is None else k, as_json)
+    reply = ReplyPrinter(session, "auto" if k is None else k, as_json, out)
     try:
         for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw, logprobs=logprobs):
             reply.add(ev)

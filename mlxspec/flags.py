@@ -27,6 +27,24 @@ from mlxspec.torchpath import backend_spec
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
 DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's choice for the target: ngram:3+smollm2-135m-eagle for the default model, ngram:3 for a target it does not list), none, ngram[:N] (prompt lookup), suffix[:N] (an index of the session's own text), self:L (target's first L layers), A+B (a cascade: lookup A where the text so far has a match, else B, e.g. ngram:3+smollm2-135m-eagle), a trained draft, an eagle head, an EAGLE-3 head, or a draft model (a .gguf file, model folder or cached hub id).")
 KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
+def _print_version(asked: bool) -> None:
+    """``--version``: this package's version and the libraries' that decide its numbers."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if not asked:
+        return
+    parts = []
+    for name in ("mlxspec", "mlx", "mlx-lm", "torch", "llama-cpp-python"):
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    print(parts[0] + " (" + ", ".join(parts[1:]) + ")")
+    raise typer.Exit()
+
+
+VersionOpt = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                          help="Print mlxspec's version and its libraries' (MLX, mlx-lm, torch, llama.cpp), then exit.")
 SystemOpt = typer.Option(None, "--system-prompt", help="A system message before the user's (chat template).")
 KFixedOpt = typer.Option(4, "--k", "--num-draft-tokens", "-k", help="Draft tokens per step (1..64).")
 RemeasureOpt = typer.Option(False, "--remeasure-cost", help="--k auto: measure this machine's verify-cost curve for the model again (cached in $MLXSPEC_HOME/costcurves).")
@@ -186,11 +204,14 @@ def check_max_tokens(max_tokens: int) -> None:
 
 
 def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], prompt_opt: Optional[str] = None) -> str:
-    """The one prompt of PROMPT, ``--prompt`` or ``--prompt-file`` (``-`` is stdin), as text."""
+    """The one prompt of PROMPT, ``--prompt`` or ``--prompt-file``, as text; ``-`` for any of
+    them reads stdin (mlx-lm's ``--prompt -``)."""
     if prompt_opt is not None:  # mlx-lm's spelling, --prompt/-p
         if prompt is not None or prompt_file is not None:
             raise MlxspecError("give one prompt: PROMPT, --prompt or --prompt-file")
         prompt = prompt_opt
+    if prompt == "-" and prompt_file is None:
+        prompt, prompt_file = None, Path("-")
     if prompt_file is not None:
         if prompt is not None:
             raise MlxspecError("give a prompt or --prompt-file, not both")

@@ -5,25 +5,51 @@ The CLI imports this module when ``generate`` runs, not before: it loads MLX and
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from mlxspec.core.events import Done, Event, Status, Step, Token
 from mlxspec.core.runs import Run, RunCollector
 from mlxspec.session import Session, StepText
-from mlxspec.terminal import err
+from mlxspec.errors import MlxspecError
+from mlxspec.terminal import err, write_text
+
+
+class _Tee:
+    """stdout, and the copy ``--out`` keeps."""
+
+    def __init__(self, *streams: Any):
+        self.streams = streams
+
+    def write(self, text: str) -> None:
+        for s in self.streams:
+            s.write(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
 
 
 class ReplyPrinter:
     """Prints one reply as its events come (``add``). The summary is the ``Run`` the events
     make (``RunCollector``), as every command collects a run."""
 
-    def __init__(self, session: Session, k: int | str, as_json: bool):
+    def __init__(self, session: Session, k: int | str, as_json: bool, out: Path | None = None):
         self.lm, self.drafter, self.tree, self.k, self.as_json = session.lm, session.drafter, session.tree, k, as_json
         self.text = StepText(self.lm.tokenizer)
-        self.out = sys.stdout
+        if out is not None and out.is_dir():  # refused before the reply, not after it
+            raise MlxspecError(f"--out {out} is a folder; give a file")
+        self.path, self.kept = out, io.StringIO()
+        self.out = sys.stdout if out is None else _Tee(sys.stdout, self.kept)
         self.collector = RunCollector()
+
+    def save(self) -> None:
+        """``--out``: the reply as printed (with ``--json``, its lines), once it has ended."""
+        if self.path is not None:
+            write_text(self.kept.getvalue(), self.path)
 
     def add(self, ev: Event) -> None:
         self.collector.add(ev)
@@ -71,9 +97,11 @@ class ReplyPrinter:
                         "backend": self.lm.backend,
                         "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0,
                         **({"tree": str(self.tree), "tree_nodes": self.tree.nodes} if self.tree else {})})
+            self.save()
             return
         self.out.write(tail + "\n")
         self.out.flush()
+        self.save()
         err.print(f"[dim]{self.stats_line(run)}[/]")
 
     def interrupted(self) -> None:
@@ -91,9 +119,11 @@ class ReplyPrinter:
                         "model": self.lm.name, "dtype": self.lm.dtype,
                         "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0})
             self.out.flush()
+            self.save()
             return
         self.out.write(tail + "\n")
         self.out.flush()
+        self.save()
         err.print(f"[dim]interrupted after {len(c.tokens)} generated tokens[/]")
 
     def stats_line(self, run: Run) -> str:

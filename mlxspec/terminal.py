@@ -107,6 +107,18 @@ def write_json(result: dict, path: Optional[Path]) -> None:
         err.print(f"[dim]wrote {path}[/]")
 
 
+def write_text(text: str, path: Path) -> None:
+    """``text`` to ``path`` whole (a partial file never stands), its folder made."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        raise MlxspecError(f"cannot write {path}: {e.strerror}") from None
+    err.print(f"[dim]wrote {path}[/]")
+
+
 def check_out_folder(out: Path) -> None:
     """Refuse a ``--out`` folder that is a file now, before minutes of work, not after."""
     if out.exists() and not out.is_dir():

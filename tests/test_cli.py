@@ -40,6 +40,18 @@ def test_no_prompt():
     one_line_error(invoke("generate"), "no prompt")
 
 
+@pytest.mark.parametrize("args", [("-p", "-"), ("-",), ("-f", "-")])
+def test_a_dash_prompt_reads_stdin(args):
+    one_line_error(invoke("generate", *args, input=b"  \n"), "prompt file - is empty")
+    one_line_error(invoke("generate", *args, input=b"caf\xe9"), r"not UTF-8 \(byte 0xe9 at offset 3\)")
+
+
+def test_version_names_the_libraries_behind_the_numbers():
+    r = invoke("--version")
+    assert r.exit_code == 0 and r.output.startswith("mlxspec ")
+    assert all(f"{lib} " in r.output for lib in ("mlx", "mlx-lm", "torch", "llama-cpp-python"))
+
+
 def test_missing_model(tmp_path, monkeypatch):
     monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
     one_line_error(invoke("generate", "hi"), "run `mlxspec models pull")
@@ -102,6 +114,17 @@ def test_generate_json_stream():
     assert all(t["status"] == "plain" for t in tokens)
     assert summary["generated_tokens"] == len(tokens) and summary["stop_reason"] == "eos"
     assert summary["decode_tps"] > 0 and summary["prefill_tps"] > 0
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("as_json", [True, False])
+def test_generate_out_keeps_the_reply_as_printed(tmp_path, as_json):
+    out = tmp_path / "replies" / "r.txt"
+    r = invoke("generate", "What is the capital of France?", "-n", "12", "--draft", "none", "--out", str(out),
+               *(["--json"] if as_json else []))
+    assert r.exit_code == 0, r.output
+    assert out.read_text() == r.stdout and "Paris" in out.read_text()
+    one_line_error(invoke("generate", "hi", "--draft", "none", "--out", str(tmp_path)), "is a folder; give a file")
 
 
 @pytest.mark.model

@@ -454,3 +454,19 @@ def test_the_cli_decodes_on_torch_by_default_here_with_the_same_greedy_text():
     assert rows["auto"][-1]["backend"] == "torch:cpu" and rows["mlx"][-1]["backend"] == "mlx"
     text = {b: "".join(t["text"] for t in rs if "status" in t) for b, rs in rows.items()}
     assert text["auto"] == text["mlx"] == "The capital of France is Paris."
+
+
+def test_a_linux_cpu_without_the_torch_extra_hears_what_it_costs(monkeypatch):
+    import importlib.util
+
+    import mlxspec.torchpath as tp
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert "pip install 'mlxspec[torch]'" in tp.missing_torch_hint() and "a third" in tp.missing_torch_hint()
+    monkeypatch.setattr(sys, "platform", "darwin")  # MLX on the GPU there: nothing to say
+    assert tp.missing_torch_hint() is None
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert tp.missing_torch_hint() is None

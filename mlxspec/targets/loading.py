@@ -22,10 +22,11 @@ from mlxspec.core.model import Llama, LlamaConfig
 from mlxspec.errors import MlxspecError, UnsupportedArchitecture
 from mlxspec.runtime import resolve_dtype
 from mlxspec.targets import mlxlm, store
+from mlxspec.targets.costcurve import stderr_line
 from mlxspec.targets.families import config_from_mlx_lm, prepare_weights
 from mlxspec.targets.gguf_model import load_gguf
 from mlxspec.targets.weights import build_model, check_mode
-from mlxspec.torchpath import prefer_torch, require_torch, split_backend, torch_may_run
+from mlxspec.torchpath import missing_torch_hint, prefer_torch, require_torch, split_backend, torch_may_run
 
 
 @dataclass
@@ -136,6 +137,8 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
         # where torch will run it (a Linux CPU), read the file's quantized layers as stored: the
         # torch target runs them on its int4 kernel (torchpath.int4), MLX's CPU backend would not
         guess = "quantized" if dtype == "auto" and torch_may_run() else dtype
+        if (hint := missing_torch_hint()) is not None:
+            stderr_line(hint)
         source = load(spec, guess)
         if source.dtype not in ("float32", "quantized") or not prefer_torch(source.model, dtype):
             return source if guess == dtype else load(spec, dtype)

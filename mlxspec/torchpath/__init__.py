@@ -53,6 +53,14 @@ def torch_may_run(dtype: str = "auto") -> bool:
     return mx.default_device() == mx.cpu
 
 
+def missing_torch_hint() -> str | None:
+    """On a Linux or Windows CPU without the torch extra, the line that says what it costs."""
+    if sys.platform == "darwin" or importlib.util.find_spec("torch") is not None:
+        return None
+    return ("note: the torch extra is not installed, so this runs on MLX's CPU backend at about a third of the "
+            f"default's speed here; {INSTALL_HINT}")
+
+
 def prefer_torch(model: Any, dtype: str) -> bool:
     """``--backend auto``: torch on the CPU of a Linux or Windows machine where it is installed
     and implements the model (llama-type blocks), MLX everywhere else. On this kind of CPU torch
