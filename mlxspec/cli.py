@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from mlxspec.errors import MlxspecError
-from mlxspec.flags import (BACKEND, OUTPUT, PENALTIES, SAMPLING, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
+from mlxspec.flags import (ACCESS, BACKEND, OUTPUT, PENALTIES, SAMPLING, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
                            RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, VersionOpt, bench_checks, check_max_tokens, checked_draft,
                            grouped, k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size, read_prompt,
                            sampling_params, serve_checks, sweep_trees, tree_option, with_system)
@@ -437,6 +437,7 @@ def serve(
     backend: str = BACKEND,
     prompt_cache_size: int = typer.Option(10, "--prompt-cache-size", help="Conversations whose caches are kept between requests, least recently used dropped first (clients taking turns each find theirs)."),
     prompt_cache_bytes: str = typer.Option("2G", "--prompt-cache-bytes", help="Memory those caches may hold at most: bytes, or with M or G (decimal units)."),
+    access: Any = ACCESS,
 ) -> None:
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
     /v1/completions, streaming too) over the same engine and drafters as generate; requests are
@@ -447,9 +448,8 @@ def serve(
     serve_checks(max_tokens, port, prompt_cache_size)
     shape = tree_option(tree, tree_nodes, k, draft)
     options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), defaults, max_tokens, dtype,
-                           remeasure_cost, host, port, shape, backend,
-                           prompt_cache_size=prompt_cache_size,
-                           prompt_cache_bytes=parse_size(prompt_cache_bytes, "--prompt-cache-bytes"))
+                           remeasure_cost, host, port, shape, backend, prompt_cache_size,
+                           parse_size(prompt_cache_bytes, "--prompt-cache-bytes"), access)
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
 

@@ -377,6 +377,22 @@ def parity_dtype(dtype: str, device: Optional[str]) -> str:
     return device
 
 
+def _access(api_key: Optional[str] = None, allowed_origins: Optional[list[str]] = None) -> Any:
+    """The server's key and CORS origins as one ``serve.access.Access``."""
+    from mlxspec.serve.access import Access, parse_origins
+
+    if api_key is not None and not api_key.strip():
+        raise MlxspecError("--api-key is empty (MLXSPEC_API_KEY set to nothing?): give a key, or leave it unset")
+    return Access(api_key, parse_origins(allowed_origins))
+
+
+# Who may call ``serve``.
+ACCESS = FlagGroup((
+    ("api_key", Optional[str], typer.Option(None, "--api-key", envvar="MLXSPEC_API_KEY", show_default=False, help="Require `Authorization: Bearer KEY` on every route but /health (401 otherwise); also read from MLXSPEC_API_KEY. Without it anyone who can reach the port may use the server.")),
+    ("allowed_origins", Optional[list[str]], typer.Option(None, "--allowed-origins", show_default=False, help="Browser origins whose pages may call the server (CORS), e.g. http://localhost:3000; repeat or comma-separate; * for any. Default: none.")),
+), _access)
+
+
 def serve_checks(max_tokens: int, port: int, prompt_cache_size: int) -> None:
     check_max_tokens(max_tokens)
     if not 0 <= port <= 65535:

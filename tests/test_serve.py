@@ -615,3 +615,60 @@ def test_a_client_leaving_a_whole_request_stops_its_decoding(ngram_server):
     reply = client(url).completions.create(model="default", prompt="Hi", max_tokens=2, temperature=0)
     assert reply.usage.completion_tokens <= 2
     assert ngram_server.decoder.cancelled == before + 1  # the 2,000 tokens were not decoded first
+
+
+@pytest.fixture(scope="module")
+def guarded_server(lm):
+    from mlxspec.serve import start_server
+    from mlxspec.serve.access import Access
+
+    access = Access("sekret", ("http://localhost:3000",))
+    server = start_server(ServeOptions(port=0, max_tokens=4, access=access), loaded=lm)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.close()
+
+
+def exchange(server, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, dict, dict]:
+    host = urlparse(server.url).netloc
+    lines = "".join(f"{k}: {v}\r\n" for k, v in {"Host": host, "Content-Length": str(len(body)), **headers}.items())
+    return raw_exchange(server.url, f"{method} {path} HTTP/1.1\r\n{lines}\r\n".encode() + body)
+
+
+@pytest.mark.model
+@client_tests
+def test_an_api_key_guards_every_route_but_health(guarded_server):
+    key = {"Authorization": "Bearer sekret"}
+    chat_body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    for method, path, body in (("GET", "/v1/models", b""), ("GET", "/v1/models/default", b""),
+                               ("POST", "/v1/chat/completions", chat_body)):
+        status, headers, err = exchange(guarded_server, method, path, {}, body)
+        assert status == 401 and err["error"]["code"] == "invalid_api_key" and headers["www-authenticate"] == "Bearer"
+        assert exchange(guarded_server, method, path, {"Authorization": "Bearer wrong"}, body)[0] == 401
+        assert exchange(guarded_server, method, path, key, body)[0] == 200
+    assert exchange(guarded_server, "GET", "/health", {})[0] == 200
+    reply = openai.OpenAI(base_url=guarded_server.url, api_key="sekret", max_retries=0).chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert reply.choices[0].message.content
+    with pytest.raises(openai.AuthenticationError):
+        client(guarded_server.url).models.list()
+
+
+@pytest.mark.model
+@client_tests
+def test_a_browser_from_an_allowed_origin_gets_cors_headers_and_others_none(guarded_server):
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
+    status, headers, _ = exchange(guarded_server, "OPTIONS", "/v1/chat/completions",
+                                  {"Origin": "http://localhost:3000", **ask})
+    assert status == 204 and headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert "POST" in headers["access-control-allow-methods"]
+    assert headers["access-control-allow-headers"] == "authorization, content-type"
+    status, headers, _ = exchange(guarded_server, "OPTIONS", "/v1/chat/completions", {"Origin": "http://evil.test", **ask})
+    assert status == 204 and not any(h.startswith("access-control-") for h in headers)
+    key = {"Authorization": "Bearer sekret"}
+    _, headers, _ = exchange(guarded_server, "GET", "/v1/models", {"Origin": "http://localhost:3000", **key})
+    assert headers["access-control-allow-origin"] == "http://localhost:3000" and headers["vary"] == "Origin"
+    _, headers, _ = exchange(guarded_server, "GET", "/v1/models", {"Origin": "http://evil.test", **key})
+    assert "access-control-allow-origin" not in headers

@@ -10,6 +10,7 @@ from typing import Any
 
 from mlxspec.core.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from mlxspec.errors import MlxspecError
+from mlxspec.serve.access import Access
 from mlxspec.session import SessionOptions
 
 MAX_STOPS = 4  # as OpenAI's API
@@ -38,6 +39,7 @@ class ServeOptions:
     backend: str = "mlx"  # or "torch[:DEVICE]" (--backend, --device)
     prompt_cache_size: int = PROMPT_CACHE_SIZE  # conversations kept (--prompt-cache-size)
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES  # their memory at most (--prompt-cache-bytes)
+    access: Access = Access()  # --api-key, --allowed-origins
 
     @property
     def session(self) -> SessionOptions:

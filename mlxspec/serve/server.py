@@ -123,12 +123,18 @@ class Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self._guarded(self._not_allowed)
 
-    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD
+    def do_OPTIONS(self) -> None:
+        self._guarded(self._options)
+
+    do_PUT = do_DELETE = do_PATCH = do_HEAD
 
     def _guarded(self, route: Callable[[str], None]) -> None:
         try:
             try:
-                route(self.path.split("?", 1)[0].rstrip("/"))
+                path = self.path.split("?", 1)[0].rstrip("/")
+                if not self.server.options.access.allows(self.command, path, self.headers.get("Authorization")):
+                    self._refuse_unauthorized()
+                route(path)
             except ApiError as e:
                 self._json(e.status, e.body(), e.headers)
                 self._linger()
@@ -148,6 +154,38 @@ class Handler(BaseHTTPRequestHandler):
             self._json(code, ApiError(code, message or self.responses.get(code, ("error",))[0], "invalid_request").body())
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError):
             pass
+
+    def end_headers(self) -> None:
+        """Every answer carries the CORS headers its request's origin is allowed (none for
+        others, nor for a request the base class could not parse)."""
+        headers = getattr(self, "headers", None)
+        if headers is not None:
+            cors = self.server.options.access.cors_headers(headers.get("Origin"), self.command == "OPTIONS",
+                                                           headers.get("Access-Control-Request-Headers"))
+            for name, value in cors.items():
+                self.send_header(name, value)
+        super().end_headers()
+
+    def _refuse_unauthorized(self) -> None:
+        try:  # its body is dropped after the refusal (``_linger``), not taken for the next request
+            self.unread = max(0, int(self.headers.get("Content-Length") or 0))
+        except ValueError:
+            self.unread = 0
+        self.close_connection = True
+        raise ApiError(401, "missing or wrong API key: send the header Authorization: Bearer KEY", "invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+    def _options(self, path: str) -> None:
+        """A browser's CORS preflight: 204, with the CORS headers where ``--allowed-origins``
+        names its origin. Without any allowed origin, OPTIONS is not a method here."""
+        if not self.server.options.access.origins:
+            return self._not_allowed(path)
+        if path not in ROUTES and not path.startswith("/v1/models/"):
+            self._no_route(self.command, path)
+        self._read_body()
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _not_allowed(self, path: str) -> None:
         if self.command != "HEAD":
@@ -169,7 +207,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/v1/models":
             return self._json(200, self.server.models())
         if path.startswith("/v1/models/"):
-            check_model({"model": path.removeprefix("/v1/models/")}, frozenset({self.server.info.name}))
+            check_model({"model": path.removeprefix("/v1/models/")}, self.server.names)  # "default" too
             return self._json(200, self.server.model_card())
         self._not_allowed(path)
 
