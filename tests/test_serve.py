@@ -109,6 +109,8 @@ def test_chat_content_parts_are_joined():
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "wat": 1}, 400, "unknown_parameter"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, 400, "unknown_parameter"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "mlxspec": {"token_status": "yes"}}, 400, "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "mlxspec": {"token_stats": True}}, 400,
+     "unknown_parameter"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_k": -1}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "min_p": 2}, 400, "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "coupled": 1}, 400, "invalid_type"),
@@ -622,8 +624,9 @@ def guarded_server(lm):
     from mlxspec.serve import start_server
     from mlxspec.serve.access import Access
 
-    access = Access("sekret", ("http://localhost:3000",))
-    server = start_server(ServeOptions(port=0, max_tokens=4, access=access), loaded=lm)
+    access, lines = Access("sekret", ("http://localhost:3000",)), []
+    server = start_server(ServeOptions(port=0, max_tokens=4, access=access), loaded=lm, log=lines.append)
+    server.lines = lines
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -652,6 +655,9 @@ def test_an_api_key_guards_every_route_but_health(guarded_server):
     reply = openai.OpenAI(base_url=guarded_server.url, api_key="sekret", max_retries=0).chat.completions.create(
         model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert reply.choices[0].message.content
+    logged = [ln for ln in guarded_server.lines if "/v1/chat/completions:" in ln]
+    assert logged and re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d /v1/chat/completions: \d+ prompt \+ \d+ completion "
+                               r"tokens in \d+\.\d\d s \((stop|length)\)", logged[-1]), logged
     with pytest.raises(openai.AuthenticationError):
         client(guarded_server.url).models.list()
 

@@ -113,6 +113,7 @@ SAMPLING = {f.name: {"int": int, "bool": bool}.get(str(f.type), float) for f in 
 READ = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "stream", "stop", "seed",
         "mlxspec", "logprobs", "top_logprobs", "logit_bias"} | set(SAMPLING)
 ROLES = ("system", "user", "assistant", "developer")
+EXTENSION = {"token_status"}  # the fields of a request's "mlxspec" block
 
 
 def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozenset[str]) -> GenerationRequest:
@@ -133,6 +134,9 @@ def parse_generation(kind: str, body: dict, options: ServeOptions, names: frozen
         raise ApiError(400, str(e), "invalid_value") from None
     seed = _field(body, "seed", int, None)
     extension = _field(body, "mlxspec", dict, {})
+    if unknown := sorted(set(extension) - EXTENSION):
+        raise ApiError(400, f"unknown field mlxspec.{unknown[0]}; the mlxspec block takes {', '.join(sorted(EXTENSION))}",
+                       "unknown_parameter")
     stream_options = _field(body, "stream_options", dict, {})
     return GenerationRequest(
         kind, prompt, params, max_tokens,

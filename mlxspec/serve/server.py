@@ -222,10 +222,12 @@ class Handler(BaseHTTPRequestHandler):
         with self.server.replied:
             self.server.replying += 1
         try:
+            start = time.perf_counter()
             self.server.decoder.submit(job)
             reply = Reply(self.server.info.tokenizer, req.stop, len(ids))
             meta = ResponseMeta.new(req.kind, self.server.info.name)
             (self._stream if req.stream else self._whole)(req, job, reply, meta)
+            self._log(_request_line(path, reply, time.perf_counter() - start, self.server.info))
         finally:
             job.cancel.set()  # a no-op when the engine already finished
             with self.server.replied:
@@ -344,10 +346,20 @@ class Handler(BaseHTTPRequestHandler):
 
     def _log(self, line: str) -> None:
         if self.server.log is not None:
-            self.server.log(line)
+            self.server.log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}")
 
     def log_message(self, format: str, *args: Any) -> None:  # the base class names it format
         self._log(f"{self.address_string()} {format % args}")
+
+
+def _request_line(path: str, reply: Reply, seconds: float, info: Any) -> str:
+    """The log's line for one answered request: its tokens, time, finish and acceptance."""
+    usage, spec = reply.tally.usage(), reply.tally.speculation(info.drafter, info.k)
+    line = (f"{path}: {usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens in "
+            f"{seconds:.2f} s ({reply.finish_reason})")
+    if spec["acceptance"] is not None:
+        line += f"; {info.drafter}: {spec['accepted']}/{spec['drafted']} drafts accepted over {spec['steps']} steps"
+    return line
 
 
 def _check_utf8(prompt: Any) -> None:
