@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from mlxspec.errors import MlxspecError
-from mlxspec.flags import (ACCESS, BACKEND, OUTPUT, PENALTIES, SAMPLING, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
+from mlxspec.flags import (ACCESS, BACKEND, MODEL_SAMPLING, OUTPUT, PENALTIES, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
                            RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, VersionOpt, bench_checks, check_max_tokens, checked_draft,
                            grouped, k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size, read_prompt,
                            sampling_params, serve_checks, sweep_trees, tree_option, with_system)
@@ -46,7 +46,7 @@ def generate(
     system_prompt: Optional[str] = SystemOpt,
     model: str = ModelOpt,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Stop after this many new tokens."),
-    params: Any = SAMPLING,
+    sampling: Any = MODEL_SAMPLING,
     logprobs: Optional[int] = typer.Option(None, "--logprobs", show_default=False, help="With --json: give each emitted token the target's log-probability (log-softmax after the penalties and bias, before temperature and filters) and its N most likely alternatives (0..20)."),
     seed: int = typer.Option(0, help="Random seed for sampling."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
@@ -70,10 +70,10 @@ def generate(
         raise MlxspecError("--system-prompt needs the chat template; drop --raw")
     logprobs = logprobs_option(logprobs, as_json)
     check_max_tokens(max_tokens)
-    shape = tree_option(tree, tree_nodes, k, draft)
-    k = k_option(k, draft)
-    session = Session.open(SessionOptions(model, dtype, backend, named_draft(draft, model), k, shape, remeasure_cost)).ready()
-    reply = ReplyPrinter(session, "auto" if k is None else k, as_json, out)
+    shape, k = tree_option(tree, tree_nodes, k, draft), k_option(k, draft)
+    params = sampling.for_model(model)[0]
+    session = Session.open(SessionOptions(model, dtype, backend, named_draft(draft, model), k, shape, remeasure_cost))
+    reply = ReplyPrinter(session, "auto" if k is None else k, as_json, out, params.label)
     try:
         for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw, logprobs=logprobs):
             reply.add(ev)
@@ -134,8 +134,7 @@ def chat(
     the model's recommended settings (the default model loops on everyday questions at T=0)."""
     from mlxspec.tui.chat.app import run_chat  # textual: only when the chat starts
 
-    shape = tree_option(tree, tree_nodes, k, draft)
-    k = k_option(k, draft)
+    shape, k = tree_option(tree, tree_nodes, k, draft), k_option(k, draft)
     run_chat(model, named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
              backend=backend, top_k=top_k, min_p=min_p, **({"tree": shape} if shape else {}),
              **({"sampling": params} if params.processes else {}),
@@ -426,7 +425,7 @@ def serve(
     model: str = ModelOpt,
     draft: str = DraftOpt,
     k: Optional[str] = KOpt,
-    defaults: Any = SAMPLING,
+    defaults: Any = MODEL_SAMPLING,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="New tokens when a request gives no max_tokens."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
@@ -447,7 +446,7 @@ def serve(
 
     serve_checks(max_tokens, port, prompt_cache_size)
     shape = tree_option(tree, tree_nodes, k, draft)
-    options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), defaults, max_tokens, dtype,
+    options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), defaults.for_model(model)[0], max_tokens, dtype,
                            remeasure_cost, host, port, shape, backend, prompt_cache_size,
                            parse_size(prompt_cache_bytes, "--prompt-cache-bytes"), access)
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))

@@ -13,7 +13,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -147,6 +147,34 @@ def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.
 
 
 
+@dataclass(frozen=True)
+class SamplingChoice:
+    """The sampling flags as given, temperature and filters None where the model's recommended
+    value stands (``targets.sampling_defaults.model_sampling``); ``processors``: the penalties,
+    logit bias and coupling, checked."""
+
+    temp: Optional[float]
+    top_p: Optional[float]
+    top_k: Optional[int]
+    min_p: Optional[float]
+    processors: Any
+
+    def for_model(self, model: str) -> tuple[Any, str]:
+        """The ``SamplingParams`` for ``model``, and a line saying where each setting came from."""
+        from mlxspec.targets.sampling_defaults import model_sampling
+
+        return model_sampling(model, self.temp, self.top_p, self.top_k, self.min_p, self.processors)
+
+
+def _sampling_choice(temp: Optional[float] = None, top_p: Optional[float] = None, top_k: Optional[int] = None,
+                     min_p: Optional[float] = None, coupled: bool = False, **penalties: Any) -> SamplingChoice:
+    """The flags checked before anything loads (each given value's range, as ``SamplingParams``
+    checks it), the model's defaults filled in later."""
+    neutral = sampling_params(0.0 if temp is None else temp, 1.0 if top_p is None else top_p, top_k or 0, min_p or 0.0,
+                              coupled, **penalties)
+    return SamplingChoice(temp, top_p, top_k, min_p, replace(neutral, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0))
+
+
 def _penalties(repetition_penalty: float = 1.0, repetition_context_size: int = 20, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, logit_bias: Optional[list[str]] = None) -> Any:
     """The logits processors alone (temperature and the filters left to the model's defaults)."""
@@ -161,6 +189,14 @@ _PENALTY_FLAGS = (("repetition_penalty", float, RepetitionOpt), ("repetition_con
 # Every sampling flag, made into one checked ``SamplingParams``.
 SAMPLING = FlagGroup((("temp", float, TempOpt), ("top_p", float, TopPOpt), ("top_k", int, TopKOpt),
                       ("min_p", float, MinPOpt), ("coupled", bool, CoupledOpt), *_PENALTY_FLAGS), sampling_params)
+# Every sampling flag, temperature and filters defaulting to the model's recommended values (generate, serve).
+ModelTempOpt = typer.Option(None, "--temp", "-t", show_default=False, help="Sampling temperature; 0 is greedy. Default, as for --top-p, --top-k and --min-p: the model's recommended setting (the registry's, or its generation_config.json), else greedy.")
+MODEL_SAMPLING = FlagGroup((
+    ("temp", Optional[float], ModelTempOpt),
+    ("top_p", Optional[float], typer.Option(None, "--top-p", show_default=False, help="Nucleus sampling mass in (0, 1].")),
+    ("top_k", Optional[int], typer.Option(None, "--top-k", show_default=False, help="Keep the k most likely tokens (0 = off).")),
+    ("min_p", Optional[float], typer.Option(None, "--min-p", show_default=False, help="Drop tokens below min-p x the top probability.")),
+    ("coupled", bool, CoupledOpt), *_PENALTY_FLAGS), _sampling_choice)
 # The penalties and logit bias alone, for a command whose temperature and filters default to the model's.
 PENALTIES = FlagGroup(_PENALTY_FLAGS, _penalties)
 # --backend and --device as one backend spec ("mlx", "torch:cpu", ...).

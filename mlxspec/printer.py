@@ -37,8 +37,9 @@ class ReplyPrinter:
     """Prints one reply as its events come (``add``). The summary is the ``Run`` the events
     make (``RunCollector``), as every command collects a run."""
 
-    def __init__(self, session: Session, k: int | str, as_json: bool, out: Path | None = None):
+    def __init__(self, session: Session, k: int | str, as_json: bool, out: Path | None = None, sampling: str = ""):
         self.lm, self.drafter, self.tree, self.k, self.as_json = session.lm, session.drafter, session.tree, k, as_json
+        self.sampling = sampling  # its label, e.g. "T=1 min-p=0.1", for the stats line and the summary
         self.text = StepText(self.lm.tokenizer)
         if out is not None and out.is_dir():  # refused before the reply, not after it
             raise MlxspecError(f"--out {out} is a folder; give a file")
@@ -94,6 +95,7 @@ class ReplyPrinter:
             if tail:
                 self.write({"token": None, "text": tail, "status": "flush"})
             self.write({"summary": self.summary(run), "model": self.lm.name, "dtype": self.lm.dtype,
+                        **({"sampling": self.sampling} if self.sampling else {}),
                         "backend": self.lm.backend,
                         "draft": self.drafter.name if self.drafter else None, "k": self.k if self.drafter else 0,
                         **({"tree": str(self.tree), "tree_nodes": self.tree.nodes} if self.tree else {})})
@@ -130,7 +132,8 @@ class ReplyPrinter:
         """The line on stderr after a text reply: prefill and decode speed, and with a drafter
         the steps and tokens accepted per step."""
         line = (f"{self.lm.backend}: {run.prompt_tokens} prompt tokens, {run.prefill_tps:.1f} tok/s prefill; "
-                f"{run.generated_tokens} generated, {run.decode_tps or 0.0:.1f} tok/s decode; stop: {run.stop_reason}")
+                f"{run.generated_tokens} generated, {run.decode_tps or 0.0:.1f} tok/s decode; stop: {run.stop_reason}"
+                + (f"; sampling {self.sampling}" if self.sampling else ""))
         if self.drafter is not None and run.steps:
             tau = sum(run.accepted) / run.steps
             k = self.k if self.k != "auto" else f"auto (mean {sum(run.drafted) / run.steps:.1f} drafted)"

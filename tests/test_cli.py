@@ -106,7 +106,7 @@ def test_prompt_longer_than_context(tmp_path):
 
 @pytest.mark.model
 def test_generate_json_stream():
-    r = invoke("generate", "What is the capital of France?", "--json", "-n", "20", "--draft", "none")
+    r = invoke("generate", "What is the capital of France?", "--json", "-n", "20", "--draft", "none", "-t", "0")
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     tokens, summary = rows[:-1], rows[-1]["summary"]
@@ -120,7 +120,7 @@ def test_generate_json_stream():
 @pytest.mark.parametrize("as_json", [True, False])
 def test_generate_out_keeps_the_reply_as_printed(tmp_path, as_json):
     out = tmp_path / "replies" / "r.txt"
-    r = invoke("generate", "What is the capital of France?", "-n", "12", "--draft", "none", "--out", str(out),
+    r = invoke("generate", "What is the capital of France?", "-n", "12", "--draft", "none", "-t", "0", "--out", str(out),
                *(["--json"] if as_json else []))
     assert r.exit_code == 0, r.output
     assert out.read_text() == r.stdout and "Paris" in out.read_text()
@@ -182,7 +182,7 @@ def test_generate_drafts_by_the_default_cascade_and_the_shipped_draft_on_request
     assert rows[-1]["draft"] == "ngram:3+smollm2-135m-eagle" and rows[-1]["k"] == "auto"  # the registry's default
     # a fixed K: --k auto may decode plain steps where this machine's cost curve says drafting cannot pay
     r = invoke("generate", "What is the capital of France?", "--json", "-n", "20", "--draft", "smollm2-135m-draft",
-               "--k", "4")
+               "--k", "4", "-t", "0")
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert rows[-1]["draft"] == "smollm2-135m-draft"
@@ -195,9 +195,19 @@ def test_generate_drafts_by_the_default_cascade_and_the_shipped_draft_on_request
 
 @pytest.mark.model
 def test_generate_text_stream():
-    r = invoke("generate", "What is the capital of France?", "-n", "20")
+    r = invoke("generate", "What is the capital of France?", "-n", "20", "-t", "0")
     assert r.exit_code == 0
-    assert r.stdout.strip() == "The capital of France is Paris."
+    assert r.stdout.strip() == "The capital of France is Paris." and "sampling T=0" in r.stderr
+
+
+@pytest.mark.model
+def test_generate_starts_from_the_models_recommended_sampling():
+    """At T=0 the default model loops on everyday questions: generate samples as the chat does."""
+    r = invoke("generate", "What is 2+2?", "--json", "-n", "8", "--draft", "none", "--seed", "1")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.splitlines()[-1])["sampling"] == "T=1 min-p=0.1"
+    r = invoke("generate", "What is 2+2?", "--json", "-n", "8", "--draft", "none", "--min-p", "0.2")
+    assert json.loads(r.stdout.splitlines()[-1])["sampling"] == "T=1 min-p=0.2"  # the rest stays the model's
 
 
 @pytest.mark.parametrize(
@@ -500,7 +510,7 @@ def test_generate_reports_logprobs_the_same_with_or_without_a_drafter():
     """Greedy with penalties: the same tokens and (to float rounding) log-probabilities, prompt
     lookup drafting or not; alternatives best first, the chosen token first among them."""
     args = ["generate", "Repeat: the quick brown fox, the quick brown fox, the quick", "--json", "-n", "16",
-            "--logprobs", "2", "--presence-penalty", "0.4", "--repetition-penalty", "1.1", "-k", "4"]
+            "--logprobs", "2", "--presence-penalty", "0.4", "--repetition-penalty", "1.1", "-k", "4", "-t", "0"]
     runs = []
     for draft in ("none", "ngram:3"):
         r = invoke(*args, "--draft", draft)

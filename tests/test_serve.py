@@ -296,7 +296,7 @@ def cli_server():
         # --backend mlx: the replies are checked against the MLX engine's (the default here, torch's
         # 4-bit target, is another target: tests/test_int4.py)
         proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "mlxspec.cli", "serve", "-d", "none",
-                                 "--backend", "mlx", "--port", "0"], stderr=subprocess.PIPE, text=True)
+                                 "--backend", "mlx", "--port", "0", "--temp", "0"], stderr=subprocess.PIPE, text=True)
     finally:
         signal.signal(signal.SIGINT, previous)
     line = proc.stderr.readline()

@@ -90,8 +90,11 @@ class SamplingParams:
 
     @property
     def label(self) -> str:
-        """Temperature, filters and coupling: "T=1 min-p=0.1", "T=1 coupled"."""
-        return f"T={self.temperature:g}{self.filters_label}{' coupled' if self.coupled and not self.greedy else ''}"
+        """Temperature, filters and coupling: "T=1 min-p=0.1", "T=1 coupled"; "T=0" alone (greedy
+        decoding reads no filter)."""
+        if self.greedy:
+            return "T=0"
+        return f"T={self.temperature:g}{self.filters_label}{' coupled' if self.coupled else ''}"
 
     @property
     def is_coupled(self) -> bool:

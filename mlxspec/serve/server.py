@@ -406,7 +406,8 @@ def run_server(options: ServeOptions, log: Log) -> None:
     server = start_server(options, log=log)
     info = server.info
     spec = f"draft {info.drafter}, k {info.k}" if info.drafter else "target-only"
-    log(f"mlxspec serve: {info.name} ({spec}) on {server.url} (Ctrl-C stops)")
+    log(f"mlxspec serve: {info.name} ({spec}) on {server.url} (requests' default sampling "
+        f"{options.sampling.label}; Ctrl-C stops)")
     restore = _stop_on_sigterm()
     try:
         server.serve_forever()

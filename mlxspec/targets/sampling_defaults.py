@@ -1,13 +1,14 @@
 """The sampling settings a model is best chatted with, where they are known: the registry's
 (chosen for a shipped model, with where they come from), else the ``generation_config.json``
-a Hugging Face / mlx-lm folder ships, else greedy decoding. ``mlxspec chat`` starts from them;
-``generate``, ``serve`` and the measurements keep greedy defaults, which exactness checks and
+a Hugging Face / mlx-lm folder ships, else greedy decoding. ``mlxspec chat``, ``generate``
+and ``serve`` start from them (``model_sampling``: the small default model loops at T=0 on
+everyday questions); the measurements keep greedy defaults, which exactness checks and
 benchmarks compare against."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlxspec.core.sampling import SamplingParams
@@ -61,3 +62,18 @@ def from_generation_config(path: Path) -> SamplingDefaults:
                                 source=f"the model's {path.name}")
     except (TypeError, ValueError, MlxspecError):  # out-of-range values: greedy, as an unreadable file
         return SamplingDefaults()
+
+
+def model_sampling(target: str, temp: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                   min_p: float | None = None, processors: SamplingParams | None = None) -> tuple[SamplingParams, str]:
+    """Each setting given on the command line, the others ``target``'s recommended ones, over
+    ``processors`` (the penalties, logit bias and coupling given); checked, with a line saying
+    what they are and where they come from."""
+    d = sampling_defaults(target)
+    given = {"temperature": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    chosen = {n: getattr(d.params, n) if v is None else v for n, v in given.items()}
+    params = replace(processors or SamplingParams(), **chosen)
+    set_ = [v is not None for v in given.values()]
+    where = ("as given" if all(set_) else f"the model's recommended: {d.source}" if not any(set_)
+             else f"the rest the model's recommended: {d.source}")
+    return params, f"Sampling {params.label} ({where})."

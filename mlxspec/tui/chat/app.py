@@ -31,6 +31,7 @@ from mlxspec.core.runs import RunCollector
 from mlxspec.targets import store
 from mlxspec.targets.drafts import is_head
 from mlxspec.targets.loading import resolve
+from mlxspec.targets.sampling_defaults import model_sampling
 
 from mlxspec.runtime import wait_for_thread_exit
 from .messages import (
@@ -462,24 +463,6 @@ class ChatApp(App[None], inherit_bindings=False):
         return Baseline(ms, STEPS_SOURCE) if ms else self.baseline
 
 
-def chat_sampling(target: str, temp: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                  min_p: float | None = None, processors: SamplingParams | None = None) -> tuple[SamplingParams, str]:
-    """The chat's sampling: each setting given on the command line, the others the model's
-    recommended ones (``targets.sampling_defaults``: at T=0 the small default model loops on
-    everyday questions), over ``processors`` (the penalties and logit bias given); checked, with
-    a line saying what they are and where they come from."""
-    from mlxspec.targets.sampling_defaults import sampling_defaults
-
-    d = sampling_defaults(target)
-    given = {"temperature": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    chosen = {n: getattr(d.params, n) if v is None else v for n, v in given.items()}
-    params = replace(processors or SamplingParams(), **chosen)
-    set_ = [v is not None for v in given.values()]
-    where = ("as given" if all(set_) else f"the model's recommended: {d.source}" if not any(set_)
-             else f"the rest the model's recommended: {d.source}")
-    return params, f"Sampling {params.label} ({where})."
-
-
 def shipped_drafts(target: str) -> tuple[str, ...]:
     """The registry's drafts for ``target`` (none for a target it does not know), each head
     that reads the target's states (eagle, EAGLE-3) also behind prompt lookup (``ngram:3+HEAD``),
@@ -499,13 +482,13 @@ def run_chat(target: str = "default", draft: str = "default", k: int | str = AUT
     """Run the chat UI until the user quits. Bad options raise ``MlxspecError`` before the UI
     starts; a model that fails to load is reported inside the UI. ``tree``: draft trees of that
     shape (``--tree``, checked by the CLI) instead of chains of K; it needs a drafter. Sampling
-    settings not given are the model's recommended ones (``chat_sampling``); ``sampling``: the
+    settings not given are the model's recommended ones (``model_sampling``); ``sampling``: the
     other controls (penalties, logit bias), checked."""
     from mlxspec.core.autok import parse_k_option
     from mlxspec.runtime import DTYPES
 
     k = parse_k_option(k)
-    params, note = chat_sampling(target, temp, top_p, top_k, min_p, sampling)
+    params, note = model_sampling(target, temp, top_p, top_k, min_p, sampling)
     if dtype not in DTYPES:
         raise MlxspecError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if max_tokens <= 0:
