@@ -21,7 +21,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -60,10 +60,13 @@ def engine_run(lm: Any, ids: list[int], params: Any, max_tokens: int, stop: set[
     return collect_run(Session(lm, drafter, k, tree, log=None).stream(ids, params, max_tokens, seed, stop_ids=stop))
 
 
-def timed_tokens(tokens: Iterable[int], prompt_tokens: int) -> Run:
+def timed_tokens(tokens: Iterable[int], prompt_tokens: int, stop: Collection[int] = (),
+                 max_tokens: int | None = None) -> Run:
     """A ``Run`` of a token generator timed from outside: start before the first ``next``,
-    prefill ends at the first token. No step statistics (the generator reports none)."""
+    prefill ends at the first token; it ends at a token in ``stop`` (not kept: "eos") or after
+    ``max_tokens`` ("length"). No step statistics (the generator reports none)."""
     out: list[int] = []
+    reason = "length"
     t0 = time.perf_counter()
     t_first = t_last = t0
     for tok in tokens:
@@ -71,8 +74,13 @@ def timed_tokens(tokens: Iterable[int], prompt_tokens: int) -> Run:
         if not out:
             t_first = now
         t_last = now
-        out.append(tok)
-    return Run(out, prompt_tokens, t_first - t0, t_last - t_first)
+        if tok in stop:
+            reason = "eos"
+            break
+        out.append(int(tok))
+        if len(out) == max_tokens:
+            break
+    return Run(out, prompt_tokens, t_first - t0, t_last - t_first, stop_reason=reason)
 
 
 def progress_ticker(progress: Callable[[int, int, str], Any] | None, total: int) -> Callable[[str], None]:

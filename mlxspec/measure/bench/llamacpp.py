@@ -12,7 +12,6 @@ whole prompt every run (its cache is reset, so no run reuses another's prefix). 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from mlxspec.core.runs import Run
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
+from mlxspec.measure.runs import timed_tokens
 
 INSTALL_HINT = ("install the llama extra: CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'mlxspec[llama]' "
                 "(a source build of llama-cpp-python, 10-20 minutes on 2 cores)")
@@ -97,19 +97,4 @@ def llama_cpp_run(peer: LlamaCpp, ids: list[int], params: SamplingParams, max_to
     # 0.95, min-p 0.05 and T 0.8); top-k 0 is off in both
     tokens = llm.generate(ids, temp=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
                           typical_p=1.0, repeat_penalty=1.0, reset=True)
-    out: list[int] = []
-    reason = "length"
-    t0 = time.perf_counter()
-    t_first = t_last = t0
-    for tok in tokens:
-        now = time.perf_counter()
-        if not out:
-            t_first = now
-        t_last = now
-        if tok in stop:
-            reason = "eos"
-            break
-        out.append(int(tok))
-        if len(out) == max_tokens:
-            break
-    return Run(out, len(ids), t_first - t0, t_last - t_first, stop_reason=reason)
+    return timed_tokens(tokens, len(ids), stop, max_tokens)
