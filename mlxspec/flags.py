@@ -54,10 +54,6 @@ DtypeOpt = typer.Option("auto", help="Weights: auto (as the file stores them whe
 BackendOpt = typer.Option("auto", "--backend", help="auto, mlx, or torch: the same engine on PyTorch (needs the torch extra of mlxspec; llama-type models). auto: torch on a Linux or Windows CPU where it is installed and runs the model (the file's 4-bit layers on its int4 kernel: about 2.8x MLX's CPU backend there), MLX otherwise and always on Apple silicon.")
 DeviceOpt = typer.Option(None, "--device", show_default=False, help="With --backend torch: cpu, cuda or mps (default: the best this machine has).")
 
-TempOpt = typer.Option(0.0, "--temp", "-t", help="Sampling temperature; 0 is greedy.")
-TopPOpt = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1].")
-TopKOpt = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off).")
-MinPOpt = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability.")
 CoupledOpt = typer.Option(False, "--coupled", help="At T > 0, draw each token from noise keyed by --seed and its position (Gumbel-max): the reply is target-only sampling's for that seed, whatever the drafter and K. Drafts are kept only where they hit the target's draw, so fewer are accepted than by rejection sampling.")
 # The logits processors (mlx-lm's definitions; each position judged after its own prefix, so exact
 # under speculation too). Presence and frequency look back 20 tokens, as mlx-lm's defaults.
@@ -186,9 +182,6 @@ def _penalties(repetition_penalty: float = 1.0, repetition_context_size: int = 2
 _PENALTY_FLAGS = (("repetition_penalty", float, RepetitionOpt), ("repetition_context_size", int, RepetitionContextOpt),
                   ("presence_penalty", float, PresenceOpt), ("frequency_penalty", float, FrequencyOpt),
                   ("logit_bias", Optional[list[str]], LogitBiasOpt))
-# Every sampling flag, made into one checked ``SamplingParams``.
-SAMPLING = FlagGroup((("temp", float, TempOpt), ("top_p", float, TopPOpt), ("top_k", int, TopKOpt),
-                      ("min_p", float, MinPOpt), ("coupled", bool, CoupledOpt), *_PENALTY_FLAGS), sampling_params)
 # Every sampling flag, temperature and filters defaulting to the model's recommended values (generate, serve).
 ModelTempOpt = typer.Option(None, "--temp", "-t", show_default=False, help="Sampling temperature; 0 is greedy. Default, as for --top-p, --top-k and --min-p: the model's recommended setting (the registry's, or its generation_config.json), else greedy.")
 MODEL_SAMPLING = FlagGroup((

@@ -530,7 +530,7 @@ def test_a_flag_group_reaches_its_command_as_one_value():
     import typer
     from typer.testing import CliRunner
 
-    from mlxspec.flags import OUTPUT, SAMPLING, grouped
+    from mlxspec.flags import MODEL_SAMPLING, OUTPUT, grouped
     from mlxspec.terminal import Output
 
     seen = {}
@@ -538,14 +538,15 @@ def test_a_flag_group_reaches_its_command_as_one_value():
 
     @demo.command()
     @grouped
-    def run(n: int = typer.Option(1, "-n"), params=SAMPLING, output=OUTPUT) -> None:
+    def run(n: int = typer.Option(1, "-n"), params=MODEL_SAMPLING, output=OUTPUT) -> None:
         seen.update(n=n, params=params, output=output)
 
     r = CliRunner().invoke(demo, ["-n", "3", "--temp", "0.7", "--min-p", "0.1", "--logit-bias", "5=-2", "--json"])
     assert r.exit_code == 0, r.output
     assert seen["n"] == 3 and seen["output"] == Output(as_json=True, out=None)
-    p = seen["params"]
+    p, note = seen["params"].for_model("default")  # the flags given, the rest the model's recommended
     assert (p.temperature, p.min_p, p.top_p, p.logit_bias) == (0.7, 0.1, 1.0, ((5, -2.0),))
+    assert "the rest the model's recommended" in note
 
 
 def test_out_naming_a_folder_is_refused_before_the_run(tmp_path):

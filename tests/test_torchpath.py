@@ -448,7 +448,7 @@ def test_the_cli_decodes_on_torch_by_default_here_with_the_same_greedy_text():
     rows = {}
     for backend in ("auto", "mlx"):
         r = CliRunner().invoke(app, ["generate", "What is the capital of France?", "-n", "12", "--json",
-                                     "--draft", "none", "--backend", backend])
+                                     "--draft", "none", "--backend", backend, "-t", "0"])
         assert r.exit_code == 0, r.output
         rows[backend] = [json.loads(line) for line in r.stdout.splitlines()]
     assert rows["auto"][-1]["backend"] == "torch:cpu" and rows["mlx"][-1]["backend"] == "mlx"

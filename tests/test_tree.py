@@ -684,10 +684,10 @@ def test_cli_generate_with_a_tree_streams_its_steps():
     from helpers import invoke
 
     r = invoke("generate", "List the planets of the solar system.", "--json", "-n", "12", "--draft", "self:24",
-               "--tree", "3x2", "--tree-nodes", "8")
+               "--tree", "3x2", "--tree-nodes", "8", "-t", "0")
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    plain = invoke("generate", "List the planets of the solar system.", "--json", "-n", "12", "--draft", "none")
+    plain = invoke("generate", "List the planets of the solar system.", "--json", "-n", "12", "--draft", "none", "-t", "0")
     text = lambda rs: "".join(x["text"] for x in rs if x.get("status") not in (None, "rejected"))  # noqa: E731
     assert text(rows) == text([json.loads(line) for line in plain.stdout.splitlines()])
     steps = [x["step"] for x in rows if "step" in x]
