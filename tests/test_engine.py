@@ -88,7 +88,8 @@ def spec_run(lm, prompt, drafter, k, max_tokens=32, params=SamplingParams(), sto
     return [e for e in events if isinstance(e, Step)], events[-1]
 
 
-@pytest.mark.parametrize("spec, k", [("ngram:3", 1), ("ngram:3", 5), ("self:10", 3), ("ngram:2", 8)])
+# ngram:3 greedy also runs at K=4 against pinned events (tests/test_pins.py); K=1 was dropped to keep the suite under 20 min
+@pytest.mark.parametrize("spec, k", [("ngram:3", 5), ("self:10", 3), ("ngram:2", 8)])
 def test_greedy_speculation_equals_target_only(lm, spec, k):
     for prompt in PROMPTS:
         plain, _ = run(lm, prompt, max_tokens=32)
