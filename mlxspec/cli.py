@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from mlxspec.errors import MlxspecError
-from mlxspec.flags import (ACCESS, BACKEND, MODEL_SAMPLING, OUTPUT, PENALTIES, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
+from mlxspec.flags import (ACCESS, BACKEND, MODEL_SAMPLING, OUTPUT, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
                            RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, VersionOpt, bench_checks, check_max_tokens, checked_draft,
                            grouped, k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size, read_prompt,
                            sampling_params, serve_checks, sweep_trees, tree_option, with_system)
@@ -117,11 +117,7 @@ def chat(
     k: Optional[str] = KOpt,
     tree: Optional[str] = TreeOpt,
     tree_nodes: Optional[int] = TreeNodesOpt,
-    temp: Optional[float] = typer.Option(None, "--temp", "-t", show_default=False, help="Sampling temperature; 0 is greedy. Default, as for --top-p, --top-k and --min-p: the model's recommended setting (the registry's, or its generation_config.json), else greedy; the chat says which when it is ready."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", show_default=False, help="Nucleus sampling mass in (0, 1]."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", show_default=False, help="Keep the k most likely tokens (0 = off)."),
-    min_p: Optional[float] = typer.Option(None, "--min-p", show_default=False, help="Drop tokens below min-p x the top probability."),
-    params: Any = PENALTIES,
+    sampling: Any = MODEL_SAMPLING,
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="New tokens per answer."),
     dtype: str = DtypeOpt,
     remeasure_cost: bool = RemeasureOpt,
@@ -135,9 +131,10 @@ def chat(
     from mlxspec.tui.chat.app import run_chat  # textual: only when the chat starts
 
     shape, k = tree_option(tree, tree_nodes, k, draft), k_option(k, draft)
-    run_chat(model, named_draft(draft, model), "auto" if k is None else k, temp, top_p, max_tokens, dtype,
-             backend=backend, top_k=top_k, min_p=min_p, **({"tree": shape} if shape else {}),
-             **({"sampling": params} if params.processes else {}),
+    s = sampling
+    run_chat(model, named_draft(draft, model), "auto" if k is None else k, s.temp, s.top_p, max_tokens, dtype,
+             backend=backend, top_k=s.top_k, min_p=s.min_p, **({"tree": shape} if shape else {}),
+             **({"sampling": s.processors} if s.processors.processes or s.processors.coupled else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 

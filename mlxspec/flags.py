@@ -27,6 +27,8 @@ from mlxspec.torchpath import backend_spec
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
 DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's choice for the target: ngram:3+smollm2-135m-eagle for the default model, ngram:3 for a target it does not list), none, ngram[:N] (prompt lookup), suffix[:N] (an index of the session's own text), self:L (target's first L layers), A+B (a cascade: lookup A where the text so far has a match, else B, e.g. ngram:3+smollm2-135m-eagle), a trained draft, an eagle head, an EAGLE-3 head, or a draft model (a .gguf file, model folder or cached hub id).")
 KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
+
+
 def _print_version(asked: bool) -> None:
     """``--version``: this package's version and the libraries' that decide its numbers."""
     from importlib.metadata import PackageNotFoundError, version
@@ -171,14 +173,6 @@ def _sampling_choice(temp: Optional[float] = None, top_p: Optional[float] = None
     return SamplingChoice(temp, top_p, top_k, min_p, replace(neutral, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0))
 
 
-def _penalties(repetition_penalty: float = 1.0, repetition_context_size: int = 20, presence_penalty: float = 0.0,
-               frequency_penalty: float = 0.0, logit_bias: Optional[list[str]] = None) -> Any:
-    """The logits processors alone (temperature and the filters left to the model's defaults)."""
-    return sampling_params(0.0, 1.0, repetition_penalty=repetition_penalty,
-                           repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
-                           frequency_penalty=frequency_penalty, logit_bias=logit_bias)
-
-
 _PENALTY_FLAGS = (("repetition_penalty", float, RepetitionOpt), ("repetition_context_size", int, RepetitionContextOpt),
                   ("presence_penalty", float, PresenceOpt), ("frequency_penalty", float, FrequencyOpt),
                   ("logit_bias", Optional[list[str]], LogitBiasOpt))
@@ -190,8 +184,6 @@ MODEL_SAMPLING = FlagGroup((
     ("top_k", Optional[int], typer.Option(None, "--top-k", show_default=False, help="Keep the k most likely tokens (0 = off).")),
     ("min_p", Optional[float], typer.Option(None, "--min-p", show_default=False, help="Drop tokens below min-p x the top probability.")),
     ("coupled", bool, CoupledOpt), *_PENALTY_FLAGS), _sampling_choice)
-# The penalties and logit bias alone, for a command whose temperature and filters default to the model's.
-PENALTIES = FlagGroup(_PENALTY_FLAGS, _penalties)
 # --backend and --device as one backend spec ("mlx", "torch:cpu", ...).
 BACKEND = FlagGroup((("backend", str, BackendOpt), ("device", Optional[str], DeviceOpt)), backend_spec)
 OUTPUT = FlagGroup((("as_json", bool, typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables.")),
@@ -410,6 +402,8 @@ def _access(api_key: Optional[str] = None, allowed_origins: Optional[list[str]] 
     """The server's key and CORS origins as one ``serve.access.Access``."""
     from mlxspec.serve.access import Access, parse_origins
 
+    if api_key is None and os.environ.get("MLXSPEC_API_KEY") is not None:
+        api_key = os.environ["MLXSPEC_API_KEY"]  # click reads a variable set to "" as unset: a server left open
     if api_key is not None and not api_key.strip():
         raise MlxspecError("--api-key is empty (MLXSPEC_API_KEY set to nothing?): give a key, or leave it unset")
     return Access(api_key, parse_origins(allowed_origins))

@@ -551,3 +551,24 @@ def test_a_flag_group_reaches_its_command_as_one_value():
 def test_out_naming_a_folder_is_refused_before_the_run(tmp_path):
     r = invoke("study", "--quick", "--out", str(tmp_path))
     one_line_error(r, "is a folder; give a file")
+
+
+@pytest.mark.parametrize("args, env, pattern", [
+    ([], {"MLXSPEC_API_KEY": ""}, "--api-key is empty"),
+    (["--api-key", "  "], {}, "--api-key is empty"),
+    (["--allowed-origins", "localhost:3000"], {}, "takes origins such as"),
+])
+def test_serve_refuses_an_empty_key_or_a_bad_origin_before_it_listens(monkeypatch, args, env, pattern):
+    import mlxspec.serve
+
+    monkeypatch.setattr(mlxspec.serve, "run_server", lambda *a, **kw: pytest.fail("the server started"))
+    one_line_error(invoke("serve", *args, env=env), pattern)
+
+
+def test_chat_takes_the_coupling_option(monkeypatch):
+    import mlxspec.tui.chat.app
+
+    calls = []
+    monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(kw))
+    assert invoke("chat", "-d", "none", "--coupled").exit_code == 0
+    assert calls[0]["sampling"].coupled
