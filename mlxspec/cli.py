@@ -87,10 +87,7 @@ def generate(
 def models_list(as_json: bool = typer.Option(False, "--json", help="Print the list as JSON to stdout.")) -> None:
     """Registry models and whether each is in the local store."""
     rows = store.listing()
-    if as_json:
-        print_json({"home": str(store.home()), "models": rows})
-        return
-    Console().print(models_table(rows, store.home()))
+    print_json({"home": str(store.home()), "models": rows}) if as_json else Console().print(models_table(rows, store.home()))
 
 
 @models_app.command("pull")
@@ -396,23 +393,32 @@ def eval_draft(
 @app.command("export-draft")
 @friendly
 def export_draft(
-    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Draft folder or registry draft name."),
-    out: Path = typer.Option(..., "--out", "-o", help="Folder to write the standalone mlx-lm model to."),
+    draft: str = typer.Option("default", "--draft", "--draft-model", "-d", help="Draft folder, registry draft name or EAGLE-3 head."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write."),
     model: str = ModelOpt,
+    layout: str = typer.Option("mlx-lm", "--format", help="mlx-lm: a trained draft model as a standalone mlx-lm folder. For an EAGLE-3 head: speculators (the layout vLLM's speculators library loads, and vLLM too) or specforge (SafeAILab's and SpecForge's, which vLLM and SGLang load)."),
+    verifier: Optional[str] = typer.Option(None, "--verifier", show_default=False, help="--format speculators: the target's hub id or Hugging Face folder, named in the head as its verifier (default: the hub id the registry model came from, or --model when it is one)."),
 ) -> None:
-    """Write a trained draft as a standalone mlx-lm model folder (embeddings included), usable
-    as `mlx_lm.generate --draft-model OUT`."""
-    from mlxspec.targets.eagle3 import refuse_eagle3_export
-    from mlxspec.targets.folders import export_mlx_lm, resolve_draft
-    from mlxspec.targets.loading import load
-    from mlxspec.targets.mlxlm import require_native
+    """Write a trained draft as a standalone mlx-lm folder (for `mlx_lm.generate --draft-model OUT`),
+    or an EAGLE-3 head in another published layout, its tensors unchanged."""
+    from mlxspec.targets.published import write_draft
 
-    refuse_eagle3_export(draft)  # before the target loads: nothing to convert
     check_out_folder(out)
-    target = load(model, "float32")
-    require_native(target, "export-draft")
-    path = export_mlx_lm(resolve_draft(draft, target), target, out)
-    err.print(f"wrote {path} (mlx-lm llama folder; try: mlx_lm.generate --model <target> --draft-model {path})")
+    err.print(write_draft(draft, model, out, layout, verifier))
+
+
+@app.command("export-target")
+@friendly
+def export_target(
+    model: str = ModelOpt,
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 (every weight as mlxspec reads it), bfloat16 or float16."),
+) -> None:
+    """Write the target as a Hugging Face folder (a GGUF's weights dequantized) for transformers and vLLM."""
+    from mlxspec.targets.published import write_target
+
+    check_out_folder(out)
+    err.print(write_target(model, out, dtype))
 
 
 @app.command()
@@ -488,9 +494,5 @@ def study(
             err.print(f"[dim]wrote {p}[/]")
 
 
-def main() -> None:
-    app()
-
-
 if __name__ == "__main__":
-    main()
+    app()

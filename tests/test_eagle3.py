@@ -48,6 +48,7 @@ FAMILIES = {
 }
 DRAFT_IDS = sorted(set(range(0, VOCAB, 2)) | {1, 7, 33})  # a draft vocabulary: some tokens have q = 0
 PROMPT_IDS = [3, 17, 9, 40, 2, 33, 12]
+ROPE_BASE = 50000.0  # not the 10,000 a reader would fall back to: a misread base changes the logits
 
 
 def mlx_lm_target(family: str, seed: int = 0, repeating: bool = False) -> SimpleNamespace:
@@ -95,7 +96,7 @@ def random_head(target, aux: tuple[int, ...] | None = None, seed: int = 1, **fla
     c = target.config
     cfg = Eagle3Config(hidden_size=c.hidden_size, intermediate_size=48, num_heads=4, num_kv_heads=2,
                        draft_vocab=len(DRAFT_IDS), target_vocab=c.vocab_size, target_hidden=c.hidden_size,
-                       aux_layers=aux or default_aux_layers(c.num_layers), rms_norm_eps=1e-5, rope_theta=10000.0,
+                       aux_layers=aux or default_aux_layers(c.num_layers), rms_norm_eps=1e-5, rope_theta=ROPE_BASE,
                        **flags)
     mx.random.seed(seed)
     head = Eagle3Head(cfg, mx.array(DRAFT_IDS), target.model.model.embed_tokens)
@@ -161,7 +162,8 @@ class Reference:
         q = (a @ w["midlayer.self_attn.q_proj.weight"].T).view(-1, nh, hd).transpose(0, 1)
         k = (a @ w["midlayer.self_attn.k_proj.weight"].T).view(-1, nkv, hd).transpose(0, 1)
         v = (a @ w["midlayer.self_attn.v_proj.weight"].T).view(-1, nkv, hd).transpose(0, 1)
-        q, k = _rotate(q, pos, c["rope_theta"]), _rotate(k, pos, c["rope_theta"])
+        base = c["rope_theta"] if "rope_theta" in c else c["rope_parameters"]["rope_theta"]
+        q, k = _rotate(q, pos, base), _rotate(k, pos, base)
         self.keys.append(k)
         self.values.append(v)
         K, V = torch.cat(self.keys, 1).repeat_interleave(nh // nkv, 0), torch.cat(self.values, 1).repeat_interleave(nh // nkv, 0)
@@ -225,9 +227,12 @@ def write_layout(head: Eagle3Head, folder: Path, layout: str, target) -> Path:
     elif layout == "specforge":  # SGLang's reading: ids of block outputs, first id 1
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in head.cfg.aux_layers]}
         save_file(torch_state(weights), str(folder / "model.safetensors"))
-    else:  # speculators: the layer's config nested, layers.0.*, block inputs at the top level
+    else:  # speculators: the layer's config nested (transformers 5: rope under rope_parameters), layers.0.*,
+        # block inputs at the top level
         layer = {k: config.pop(k) for k in list(config) if k not in ("draft_vocab_size", "target_hidden_size",
                                                                         "norm_before_residual", "architectures")}
+        layer["rope_parameters"] = {"rope_theta": layer.pop("rope_theta"), "rope_type": "default"}
+        layer.pop("rope_scaling")
         config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], **config,
                   "transformer_layer_config": layer, "eagle_aux_hidden_state_layer_ids": list(head.cfg.aux_layers),
                   "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": target.name}}}
@@ -440,6 +445,10 @@ def test_damaged_heads_are_one_line_errors(target, tmp_path):
         "two layers": lambda f: (f / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2})),
         "repeated ids": lambda f: (f / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [2, 2, 5]})),
         "wrong fc": lambda f: (f / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [2, 5]})),
+        "no rope base": lambda f: (f / "config.json").write_text(json.dumps(
+            {k: v for k, v in config.items() if k != "rope_theta"})),
+        "rope parameters a list": lambda f: (f / "config.json").write_text(json.dumps(
+            {**{k: v for k, v in config.items() if k != "rope_theta"}, "rope_parameters": [50000.0]})),
         "bad d2t": lambda f: mx.save_safetensors(str(f / "model.safetensors"), {
             **mx.load(str(good / "model.safetensors")), "d2t": mx.full((len(DRAFT_IDS),), 10_000, mx.int64)}),
     }
@@ -452,6 +461,40 @@ def test_damaged_heads_are_one_line_errors(target, tmp_path):
         with pytest.raises(MlxspecError) as e:
             make_drafter(str(folder), target) if name != "bad json" else load_eagle3(folder, target)
         assert str(folder) in one_line(e.value) or "config.json" in str(e.value), (name, str(e.value))
+
+
+# What speculators 0.9.0 writes for an Eagle3SpeculatorConfig (its save_pretrained, 2026-12-04),
+# less its own provenance keys (auto_map, speculators_version, transformers_version).
+SPECULATORS_TOP = {"architectures", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids", "embed_requires_grad",
+                   "fc_norm", "norm_before_fc", "norm_before_residual", "norm_output", "speculators_config",
+                   "speculators_model_type", "target_hidden_size", "transformer_layer_config"}
+SPECULATORS_LAYER = {"attention_bias", "attention_dropout", "bos_token_id", "dtype", "eos_token_id", "head_dim",
+                     "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "max_position_embeddings",
+                     "mlp_bias", "model_type", "num_attention_heads", "num_hidden_layers", "num_key_value_heads",
+                     "pad_token_id", "pretraining_tp", "rms_norm_eps", "rope_parameters", "tie_word_embeddings",
+                     "use_cache", "vocab_size"}
+
+
+def test_our_speculators_layout_is_speculators_own_and_reads_back(target, tmp_path):
+    from safetensors.torch import load_file
+
+    head = random_head(target, (1, 5, 8), own_embedding=True, norm_before_residual=True)
+    folder = save_eagle3(head, tmp_path / "s", dtype="float32", layout="speculators",
+                         verifier=("org/tiny", ["LlamaForCausalLM"]))
+    config = json.loads((folder / "config.json").read_text())
+    layer = config["transformer_layer_config"]
+    assert set(config) == SPECULATORS_TOP and set(layer) <= SPECULATORS_LAYER
+    assert layer["rope_parameters"] == {"rope_theta": ROPE_BASE, "rope_type": "default"}
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 5, 8] and config["norm_before_residual"]
+    assert config["speculators_config"]["verifier"] == {"name_or_path": "org/tiny", "architectures": ["LlamaForCausalLM"]}
+    names = set(load_file(str(folder / "model.safetensors")))
+    assert {n.split(".")[0] for n in names} == {"fc", "layers", "norm", "lm_head", "embed_tokens", "d2t", "t2d"}
+    assert not any(n.startswith("midlayer.") for n in names)
+    loaded = load_eagle3(folder, target)
+    assert (loaded.cfg.aux_layers, loaded.cfg.rope_theta, loaded.cfg.norm_before_residual) == ((1, 5, 8), ROPE_BASE, True)
+    agree_with_reference(loaded, Reference(folder, target_embed(target)), target)
+    with pytest.raises(MlxspecError, match="names its verifier"):
+        save_eagle3(head, tmp_path / "v", layout="speculators")
 
 
 def test_published_config_is_what_vllm_and_sglang_read():

@@ -14,7 +14,9 @@ What a config means, as vLLM and SGLang read it (their code is the definition th
 - ``embed_tokens.weight`` absent: the head shares the target's embedding table.
 
 A head written here uses the SafeAILab/SpecForge layout with the ids at the top level, equal to
-the default blocks, so vLLM and SGLang tap the same blocks whichever way they read them.
+the default blocks, so vLLM and SGLang tap the same blocks whichever way they read them; or, asked
+for, the speculators layout, which speculators itself loads (``SpeculatorModel.from_pretrained``)
+as well as vLLM, the ids at the top level where that layout keeps them.
 """
 
 from __future__ import annotations
@@ -36,13 +38,19 @@ from mlxspec.core.drafters.eagle3 import (
     ids_from_d2t,
     t2d_from_ids,
 )
+from mlxspec.core.model import rope_type
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
+from mlxspec.targets.families import architecture, lift_rope_parameters
 from mlxspec.targets.folders import tokenizer_fingerprint
 from mlxspec.targets.loading import read_config
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator")
 WRITTEN_ARCHITECTURE = "LlamaForCausalLMEagle3"  # the name both vLLM's and SGLang's registries know
+LAYOUTS = ("specforge", "speculators")  # what save_eagle3 writes: SafeAILab/SpecForge's, vLLM speculators'
+# The proposal speculators records when it converts a head (its default: a chain of 3, greedy).
+SPECULATORS_PROPOSAL = {"proposal_type": "greedy", "speculative_tokens": 3, "accept_tolerance": 0.0,
+                        "verifier_accept_k": 1}
 SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
 
 
@@ -70,7 +78,40 @@ def refuse_eagle3_export(spec: str) -> None:
     """``export-draft`` writes an mlx-lm model: an EAGLE-3 head has no such form."""
     if find_eagle3(spec) is not None:
         raise MlxspecError(f"{spec} is an EAGLE-3 head: it reads the target's hidden states, so it has no standalone "
-                           "mlx-lm form; vLLM and SGLang load its folder as it is (README, \"EAGLE-3 heads\")")
+                           "mlx-lm form; vLLM and SGLang load its folder as it is, speculators after "
+                           "`export-draft --format speculators` (README, \"EAGLE-3 heads\")")
+
+
+def verifier_for(model: str, target: Any, given: str | None = None) -> tuple[str, list[str]]:
+    """The verifier a speculators head names (a hub id or a folder with the target's config.json,
+    which speculators reads for the target's depth) and its architectures: ``given``, else the
+    hub id the registry model came from, else ``model`` when it is a hub id or folder."""
+    name = given or store.hub_id(target.name) or (model if store.is_hub_id(model) or Path(model).is_dir() else None)
+    if name is None:
+        raise MlxspecError(f"{model} has no hub id or folder a serving stack could load as the verifier: name one "
+                           "with --verifier (the hub id it was converted from, or a Hugging Face folder of it)")
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        name = str(folder.resolve())
+        archs = read_config(folder).get("architectures") if (folder / "config.json").is_file() else None
+        if archs:
+            return name, list(archs)
+    return name, [architecture(target.config.model_type)]
+
+
+def export_eagle3(spec: str, target: Any, out: Path, layout: str, verifier: tuple[str, list[str]]) -> Path:
+    """The EAGLE-3 head ``spec`` rewritten in ``layout`` (``LAYOUTS``), its tensors unchanged:
+    stored at the precision its config names, the embedding table only if it has its own."""
+    path = find_eagle3(spec)
+    if path is None:
+        raise MlxspecError(f"{spec} is not an EAGLE-3 head: --format {layout} rewrites one (a draft model exports "
+                           "as --format mlx-lm)")
+    meta = read_config(path)
+    layer = meta.get("transformer_layer_config") if isinstance(meta.get("transformer_layer_config"), dict) else meta
+    dtype = str(layer.get("torch_dtype") or layer.get("dtype") or "float16")
+    ours = {"mlxspec": meta["mlxspec"]} if isinstance(meta.get("mlxspec"), dict) else None
+    return save_eagle3(load_eagle3(path, target), out, extra=ours, layout=layout, verifier=verifier,
+                       dtype=dtype if dtype in ("float16", "bfloat16", "float32") else "float16")
 
 
 def _int(meta: dict[str, Any], key: str, where: Path, default: int | None = None) -> int:
@@ -95,6 +136,26 @@ def aux_layers(meta: dict[str, Any], target_layers: int, where: Path) -> tuple[i
     return tuple(sorted(blocks))
 
 
+def rope(layer: dict[str, Any], where: Path) -> tuple[float, dict[str, Any] | None]:
+    """The head's rope base and scaling, wherever its layout keeps them: at the top of the layer's
+    config (EAGLE, SpecForge, transformers 4) or under ``rope_parameters`` (transformers 5, as
+    speculators writes it). A base that is nowhere is an error: 10,000 in its place keeps the
+    output exact but silently lowers acceptance on a target trained at another base."""
+    rp = layer.get("rope_parameters")
+    if rp is not None and not isinstance(rp, dict):
+        raise MlxspecError(f"EAGLE-3 head {where}: rope_parameters is {rp!r}, not an object")
+    layer = lift_rope_parameters(layer)
+    theta = layer.get("rope_theta")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        found = "has none" if theta is None else f"is {theta!r}"
+        raise MlxspecError(f"EAGLE-3 head {where}: the rope base (rope_theta, at the top of the layer's config or "
+                           f"under rope_parameters) {found}")
+    scaling = layer.get("rope_scaling") or None
+    if scaling is not None and not isinstance(scaling, dict):
+        raise MlxspecError(f"EAGLE-3 head {where}: rope_scaling is {scaling!r}, not an object")
+    return float(theta), scaling
+
+
 def read_eagle3_config(path: Path, target_layers: int) -> tuple[Eagle3Config, str]:
     """The head's architecture from its config.json (weights decide ``own_embedding`` and
     ``fc_bias`` later), and its layout: ``speculators`` or ``eagle``."""
@@ -113,6 +174,7 @@ def read_eagle3_config(path: Path, target_layers: int) -> tuple[Eagle3Config, st
     if meta.get("norm_before_fc"):
         raise MlxspecError(f"EAGLE-3 head {path}: norm_before_fc is not implemented")
     hidden, vocab = _int(layer, "hidden_size", path), _int(layer, "vocab_size", path)
+    rope_theta, rope_scaling = rope(layer, path)
     heads = _int(layer, "num_attention_heads", path)
     cfg = Eagle3Config(
         hidden_size=hidden, intermediate_size=_int(layer, "intermediate_size", path), num_heads=heads,
@@ -121,8 +183,8 @@ def read_eagle3_config(path: Path, target_layers: int) -> tuple[Eagle3Config, st
         target_hidden=_int(meta, "target_hidden_size", path, hidden) if meta.get("target_hidden_size") else hidden,
         aux_layers=aux_layers(meta, target_layers, path),
         head_dim=layer.get("head_dim") if isinstance(layer.get("head_dim"), int) else None,
-        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)), rope_theta=float(layer.get("rope_theta", 10000.0)),
-        rope_scaling=layer.get("rope_scaling") or None,
+        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
         max_position=int(layer.get("max_position_embeddings", 2048)),
         norm_before_residual=bool(meta.get("norm_before_residual", False)),
         attention_bias=bool(layer.get("attention_bias", False)), mlp_bias=bool(layer.get("mlp_bias", False)),
@@ -247,11 +309,44 @@ def published_config(head: Eagle3Head, extra: dict[str, Any] | None = None) -> d
     }
 
 
+def speculators_config(head: Eagle3Head, verifier: str, verifier_architectures: list[str],
+                       extra: dict[str, Any] | None = None, dtype: str = "float16") -> dict[str, Any]:
+    """config.json of the speculators layout, as speculators 0.9 saves an ``Eagle3SpeculatorConfig``:
+    the decoder layer's llama config nested (rope under ``rope_parameters``, transformers 5's
+    place), the head's own fields and tapped blocks at the top, and ``speculators_config`` naming
+    the verifier (``verifier``: a hub id or folder whose config.json speculators reads for the
+    target's depth)."""
+    c = head.cfg
+    layer = {
+        "model_type": "llama", "hidden_act": "silu", "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": 1, "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads, "head_dim": c.dims_per_head, "vocab_size": c.target_vocab,
+        "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position, "attention_bias": c.attention_bias,
+        "mlp_bias": c.mlp_bias, "tie_word_embeddings": False, "dtype": dtype,
+        "rope_parameters": {**(c.rope_scaling or {}), "rope_theta": c.rope_theta, "rope_type": rope_type(c.rope_scaling)},
+    }
+    return {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "transformer_layer_config": layer,
+        "draft_vocab_size": c.draft_vocab, "target_hidden_size": c.target_hidden,
+        "norm_before_residual": c.norm_before_residual, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+        "embed_requires_grad": False, "eagle_aux_hidden_state_layer_ids": list(c.aux_layers),
+        "speculators_config": {"algorithm": "eagle3", "proposal_methods": [SPECULATORS_PROPOSAL],
+                               "default_proposal_method": "greedy",
+                               "verifier": {"name_or_path": verifier, "architectures": verifier_architectures}},
+        **(extra or {}),
+    }
+
+
 def save_eagle3(head: Eagle3Head, out: Path, embed_table: mx.array | None = None, extra: dict[str, Any] | None = None,
-                dtype: str = "float16") -> Path:
-    """``config.json`` + ``model.safetensors`` in the published layout. ``embed_table``: the
-    target's embedding table, stored with the head (as published heads do) when it has none of
-    its own, so a serving engine needs nothing but this folder and the target."""
+                dtype: str = "float16", layout: str = "specforge", verifier: tuple[str, list[str]] | None = None) -> Path:
+    """``config.json`` + ``model.safetensors`` in a published layout (``LAYOUTS``; the
+    speculators layout needs ``verifier``, the target's hub id or folder and architectures).
+    ``embed_table``: the target's embedding table, stored with the head (as published heads do)
+    when it has none of its own, so a serving engine needs nothing but this folder and the target."""
+    if layout not in LAYOUTS:
+        raise MlxspecError(f"unknown EAGLE-3 layout {layout!r}; choose one of: {', '.join(LAYOUTS)}")
+    if layout == "speculators" and verifier is None:
+        raise MlxspecError("the speculators layout names its verifier (the target's hub id or folder)")
     out.mkdir(parents=True, exist_ok=True)
     cast = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}[dtype]
     weights = {k: v.astype(cast) for k, v in tree_flatten(head.parameters())}
@@ -259,9 +354,15 @@ def save_eagle3(head: Eagle3Head, out: Path, embed_table: mx.array | None = None
         weights["embed_tokens.weight"] = embed_table.astype(cast)
     weights["d2t"] = d2t_from_ids(head.vocab_ids)
     weights["t2d"] = t2d_from_ids(head.vocab_ids, head.cfg.target_vocab)
+    if layout == "speculators":
+        weights = {"layers.0." + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k: v
+                   for k, v in weights.items()}
     tmp = out / (SAFETENSORS + ".partial.safetensors")
     mx.save_safetensors(str(tmp), weights, metadata={"format": "pt"})
     tmp.replace(out / SAFETENSORS)  # a reader never sees half a file
-    config = {**published_config(head, extra), "torch_dtype": dtype}
+    if layout == "speculators":
+        config = speculators_config(head, verifier[0], verifier[1], extra, dtype)
+    else:
+        config = {**published_config(head, extra), "torch_dtype": dtype}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

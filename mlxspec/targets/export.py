@@ -15,7 +15,8 @@ from mlx_lm.models.rope_utils import Llama3RoPE
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxspec.core.model import FREQ_FACTORS, Llama, LlamaConfig, rope_type
-from mlxspec.targets.families import FUSED_PROJECTIONS, mlx_lm_module
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.families import FUSED_PROJECTIONS, architecture, mlx_lm_module
 from mlxspec.targets.mlxlm import MlxLmTarget
 from mlxspec.targets.weights import quantize_to_match
 
@@ -110,6 +111,55 @@ def export_folder(model: Llama, tokenizer: TokenizerWrapper, out: Path) -> Path:
         config["quantization"] = quantization
     (out / "config.json").write_text(json.dumps(config, indent=2))
     mx.save_safetensors(str(out / "model.safetensors"), _mlx_lm_weights(model))
+    tokenizer._tokenizer.save_pretrained(str(out))
+    return out
+
+
+def _rotate_half_order(weights: dict[str, mx.array], c: LlamaConfig) -> dict[str, mx.array]:
+    """A GGUF's query and key rows are ordered for RoPE on adjacent pairs (``rope_traditional``);
+    transformers rotates each head's first half against its second. Row 2i of a head becomes row
+    i and row 2i+1 row i + head_dim/2, which gives the same attention scores under its rotation."""
+    if not c.rope_traditional:
+        return weights
+    if c.rope_dims != c.head_dim:
+        raise MlxspecError("this model rotates part of each head on adjacent pairs, which transformers cannot express")
+
+    def reorder(w: mx.array, heads: int) -> mx.array:
+        rows = w.reshape(heads, c.head_dim // 2, 2, *w.shape[1:])
+        return mx.swapaxes(rows, 1, 2).reshape(w.shape)
+
+    out = dict(weights)
+    for name, w in weights.items():
+        for proj, heads in (("self_attn.q_proj.", c.num_heads), ("self_attn.k_proj.", c.num_kv_heads),
+                            ("self_attn.q_norm.", 1), ("self_attn.k_norm.", 1)):
+            if proj in name:
+                out[name] = reorder(w, heads)
+    return out
+
+
+def export_hf_folder(model: Llama, tokenizer: TokenizerWrapper, out: Path, dtype: str = "float32") -> Path:
+    """Write ``model`` as a Hugging Face folder that transformers and vLLM load
+    (``from_pretrained``): float weights under the family's names (a quantized model's
+    dequantized as our loader read them), config.json with the family's architecture, and the
+    tokenizer with its chat template. ``dtype``: float32 keeps every weight as loaded."""
+    if rope_type(model.cfg.rope_scaling) == FREQ_FACTORS:
+        raise MlxspecError("this model's RoPE carries llama.cpp's per-frequency factors, which transformers "
+                           "cannot read from config.json")
+    if _quantization_of(model):
+        raise MlxspecError("load the model in float precision to write it for transformers (--dtype float32)")
+    cast = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}[dtype]
+    out.mkdir(parents=True, exist_ok=True)
+    config = {**mlx_lm_config(model.cfg), "architectures": [architecture(model.cfg.model_type)], "torch_dtype": dtype,
+              "eos_token_id": list(tokenizer.eos_token_ids)}
+    if tokenizer.bos_token_id is not None:
+        config["bos_token_id"] = tokenizer.bos_token_id
+    if model.cfg.rope_traditional:
+        config["rope_traditional"] = False
+    weights = {k: v.astype(cast) for k, v in _rotate_half_order(_mlx_lm_weights(model), model.cfg).items()}
+    tmp = out / "model.partial.safetensors"
+    mx.save_safetensors(str(tmp), weights, metadata={"format": "pt"})
+    tmp.replace(out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer._tokenizer.save_pretrained(str(out))
     return out
 

@@ -17,7 +17,7 @@ from mlxspec.errors import MlxspecError, UnsupportedArchitecture
 def _mlx_lm_args(cfg: dict[str, Any]) -> Any:
     """mlx-lm's own ``ModelArgs`` for ``cfg``: its defaults and its checks, so that our module
     reads config.json exactly as mlx-lm's class for the family would."""
-    cfg = _lift_rope_parameters(cfg)
+    cfg = lift_rope_parameters(cfg)
     mt = cfg["model_type"]
     if mt == "phi3" and cfg.get("rope_scaling"):
         # mlx-lm's phi3 drops other scaling types with a printed warning: wrong logits, not ours.
@@ -32,7 +32,7 @@ def _mlx_lm_args(cfg: dict[str, Any]) -> Any:
         raise MlxspecError(f"config.json of a {mt} model: {err}") from None
 
 
-def _lift_rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:
+def lift_rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:
     """transformers >= 5 writes rope_theta and the scaling inside ``rope_parameters``. mlx-lm's
     qwen3 looks there, its llama does not (it would run base 10000, unscaled): lift them out."""
     rp = cfg.get("rope_parameters")
@@ -113,6 +113,13 @@ MLX_LM_MODULES = {"mistral": "llama"}  # as mlx-lm's MODEL_REMAPPING
 # Phi-3's fused projections, split at load time into the separate ones our blocks have.
 FUSED_PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def architecture(model_type: str) -> str:
+    """The class name transformers (and so vLLM) gives a family's checkpoints in config.json."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
 
 
 def mlx_lm_module(model_type: str) -> Any:

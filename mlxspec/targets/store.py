@@ -81,6 +81,13 @@ def chat_sampling(name: str) -> dict | None:
     return dict(e["chat_sampling"]) if e and "chat_sampling" in e else None
 
 
+def hub_id(name: str) -> str | None:
+    """The Hugging Face repository a registry model was converted from (what a serving stack
+    names as the verifier of a head exported for it), or None."""
+    e = _registry()["models"].get(name)
+    return e.get("hub_id") if e else None
+
+
 def draft_path(name: str) -> Path | None:
     """A draft shipped in ``mlxspec/models/`` (registry ``drafts``), by name."""
     d = _registry().get("drafts", {}).get(name)
