@@ -341,6 +341,8 @@ TRAIN = FlagGroup((
     ("aux_layers", Optional[str], typer.Option(None, "--aux-layers", help="eagle3: the target blocks whose input the head reads, comma-separated (its config's eagle_aux_hidden_state_layer_ids; L, the layer count, is the last block's output); default 2, L/2, L-3, as vLLM and SGLang tap.")),
     ("zero_layers", Optional[str], typer.Option(None, "--zero-layers", help="eagle3, for ablations: of --aux-layers, those the head is trained without (their states zeroed, their fc columns kept at zero), e.g. --aux-layers 2,15,27,30 --zero-layers 2,15,27 reads the last layer only, from the same cached features as --zero-layers 30. Where two or more taps are left, the head is written with those taps alone (the same function: the dropped fc columns are zero).")),
     ("share_embeddings", bool, typer.Option(False, "--share-embeddings", help="eagle3: write the head without the target's embedding table (mlxspec, vLLM and SGLang then take the target's own); a head shipped in a wheel stays small. By default the table is stored, as published heads do.")),
+    ("format", str, typer.Option("specforge", "--format", help="eagle3: the layout written: specforge (SafeAILab's and SpecForge's, which vLLM and SGLang load) or speculators (vLLM's speculators library, and vLLM).")),
+    ("verifier", Optional[str], typer.Option(None, "--verifier", show_default=False, help="eagle3 --format speculators: the target's hub id or Hugging Face folder named in the head (default: the registry model's hub id).")),
 ), train_options)
 
 

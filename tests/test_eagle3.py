@@ -635,7 +635,10 @@ def test_train_draft_checks_aux_and_zero_layers():
                          (dict(arch="eagle3", zero_layers="2"), "each must be one of --aux-layers"),
                          (dict(arch="eagle3", aux_layers="2,4", zero_layers="3"), "each must be one of --aux-layers"),
                          (dict(arch="eagle3", aux_layers="2,x"), "expected comma-separated block indices"),
-                         (dict(arch="eagle", share_embeddings=True), "--share-embeddings is for --arch eagle3")):
+                         (dict(arch="eagle", share_embeddings=True), "--share-embeddings is for --arch eagle3"),
+                         (dict(arch="eagle3", format="onnx"), "unknown --format 'onnx'"),
+                         (dict(arch="draft", format="speculators"), "--format and --verifier choose"),
+                         (dict(arch="eagle3", verifier="org/x"), "--verifier names the target inside")):
         with pytest.raises(MlxspecError, match=match):
             TrainOptions(out=Path("x"), **flags).checked()
     assert TrainOptions(out=Path("x"), arch="eagle3", aux_layers="2,4,8", zero_layers="2,4").checked().taps() == \
@@ -733,7 +736,7 @@ def test_quick_eagle3_training_writes_the_published_format_and_drafts_exactly(tm
     """`train-draft --arch eagle3 --quick` on the real target end to end, on either backend: the
     folder is the published layout, loads as --draft, and greedy speculation with it is the
     target's own. The torch run also leaves the embedding table out (--share-embeddings), as the
-    shipped head does."""
+    shipped head does, and writes speculators' layout (--format speculators)."""
     from typer.testing import CliRunner
 
     from mlxspec.cli import app
@@ -741,16 +744,17 @@ def test_quick_eagle3_training_writes_the_published_format_and_drafts_exactly(tm
 
     out, shared = tmp_path / "e3", backend == "torch"
     r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle3", "--quick", "--backend", backend, "--out", str(out),
-                                 "--json"] + ["--share-embeddings"] * shared)
+                                 "--json"] + ["--share-embeddings", "--format", "speculators"] * shared)
     assert r.exit_code == 0, r.output
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["architectures"] == (["Eagle3Speculator"] if shared else ["LlamaForCausalLMEagle3"])
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
     assert ("embed_tokens.weight" in mx.load(str(out / "model.safetensors"))) is not shared
     card = (out / "README.md").read_text()
     assert "Reproduce: `mlxspec train-draft --arch eagle3" in card
     assert "fuses\nthe states entering blocks [2, 15, 27] of the target" in card
     assert ("--share-embeddings" in card and "stores no embedding table" in card) is shared
+    assert ("--format speculators" in card) is shared
     ids = encode_prompt(lm.tokenizer, "Name three rivers in Europe.")
     stop = set(lm.tokenizer.eos_token_ids)
     want = emitted(generate(lm.model, ids, GREEDY, 24, stop, lm.context_length))

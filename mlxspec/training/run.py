@@ -20,7 +20,7 @@ from mlx.utils import tree_flatten
 
 from mlxspec.core.drafters.draft_model import DraftConfig, DraftModel
 from mlxspec.errors import MlxspecError
-from mlxspec.targets.eagle3 import save_eagle3
+from mlxspec.targets.eagle3 import LAYOUTS, save_eagle3, verifier_for
 from mlxspec.targets.folders import save_head, tokenizer_fingerprint
 from mlxspec.targets.loading import load
 from mlxspec.targets.mlxlm import require_native
@@ -77,6 +77,8 @@ class TrainOptions:
     aux_layers: str | None = None  # comma-separated block indices; None: 2, L/2, L-3
     zero_layers: str | None = None  # of aux_layers, those the head is trained without (ablations)
     share_embeddings: bool = False  # write no embedding table: loaders take the target's
+    format: str = "specforge"  # the published layout written (targets.eagle3.LAYOUTS)
+    verifier: str | None = None  # --format speculators: the target's hub id or folder; None: targets.eagle3.verifier_for's
 
     def taps(self) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
         """(--aux-layers, --zero-layers) as block indices; None: the default taps."""
@@ -98,6 +100,12 @@ class TrainOptions:
         if o.arch != "eagle3" and o.share_embeddings:
             raise MlxspecError("--share-embeddings is for --arch eagle3: the other heads and drafts never store the "
                                "target's embedding table")
+        if o.format not in LAYOUTS:
+            raise MlxspecError(f"unknown --format {o.format!r}; choose one of: {', '.join(LAYOUTS)}")
+        if (o.format != "specforge" or o.verifier is not None) and o.arch != "eagle3":
+            raise MlxspecError("--format and --verifier choose how an --arch eagle3 head is written")
+        if o.verifier is not None and o.format != "speculators":
+            raise MlxspecError("--verifier names the target inside a --format speculators head")
         aux, zero = o.taps()
         if zero and not set(zero) <= set(aux or ()):
             raise MlxspecError(f"--zero-layers {o.zero_layers}: each must be one of --aux-layers (given explicitly)")
@@ -148,7 +156,7 @@ RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
                ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("head_vocab", ALWAYS),
                ("examples_per_category", ALWAYS), ("max_examples", CHANGED), ("target_written", CHANGED),
                ("aux_layers", CHANGED), ("zero_layers", CHANGED), ("share_embeddings", CHANGED), ("backend", CHANGED),
-               ("seed", ALWAYS), ("out", ALWAYS)),
+               ("format", CHANGED), ("verifier", CHANGED), ("seed", ALWAYS), ("out", ALWAYS)),
 }
 
 
@@ -283,9 +291,11 @@ def _save_eagle(opts: TrainOptions, target: Any, head: Any, data: Any, cfg: Any,
         return head
     head = e3.without_taps(head, zero, target)
     table = None if opts.share_embeddings else dict(tree_flatten(target.model.parameters()))["model.embed_tokens.weight"]
+    verifier = verifier_for(opts.model, target, opts.verifier) if opts.format == "speculators" else None
     save_eagle3(head, opts.out, embed_table=table,
                 extra={"mlxspec": {"target": target.name, "recipe": command,
-                                   "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}})
+                                   "tokenizer_sha256": tokenizer_fingerprint(target.tokenizer)}},
+                layout=opts.format, verifier=verifier)
     (opts.out / "README.md").write_text(e3.model_card(opts.out.name, command, data, cfg, head, history, seconds,
                                                          target.config.num_layers, zero, table is not None))
     return head
@@ -302,6 +312,8 @@ def _train_eagle(opts: TrainOptions, report: Progress) -> TrainResult:
     teacher = load(opts.model, "float32", spec)
     target = teacher.source if spec != "mlx" else teacher  # the head is built and saved as MLX's
     require_native(target, f"train-draft --arch {opts.arch}")
+    if opts.format == "speculators":
+        verifier_for(opts.model, target, opts.verifier)  # a target with no verifier refused now, not after training
     # An EAGLE-3 head reads the states entering the blocks --aux-layers names (by default those
     # vLLM and SGLang tap when a config names none).
     aux, zero = opts.taps()
