@@ -3,6 +3,7 @@ on the real default model (marked ``model``). Textual's ``run_test`` drives the 
 
 import asyncio
 import html
+import json
 import math
 import re
 import time
@@ -214,8 +215,8 @@ def test_chat_screen_with_scripted_events():
                            "speedup        2.30x", "vs target-only 9.1 tok/s", "(measured at start-up)",
                            "draft ms/step  1.8", "verify ms/step 136.2",
                            "Accepted by draft position", "Accepted length per step",
-                           "^k K+", "^j K-", "^s spec", "^t temp", "^d drafter", "^r rejected",
-                           "esc stop", "^n new chat", "^q quit"]:
+                           "^k K+", "^j K-", "^b spec", "^t temp", "^d draft", "^r rejected",
+                           "esc stop", "^n new", "^s save", "^q quit"]:
                 assert needle in screen, needle
             assert " guess" not in screen  # a rejected draft, hidden
             # Position bars: 83% 67% 67% 50%.
@@ -283,10 +284,10 @@ def test_keys_change_settings_for_the_next_turn():
             assert app.settings.k == K_MAX
             app.settings = replace(app.settings, k=3)
 
-            await pilot.press("ctrl+s")
+            await pilot.press("ctrl+b")
             assert not app.settings.speculate and app.settings.drafter == "none"
             assert "no draft" in app.sub_title and "speculation    off" in screen_text(app)
-            await pilot.press("ctrl+s")
+            await pilot.press("ctrl+b")
             assert app.settings.speculate and app.settings.drafter == "ngram:3"
 
             await pilot.press("ctrl+t")
@@ -295,7 +296,7 @@ def test_keys_change_settings_for_the_next_turn():
             assert app.settings.draft == "suffix"
             await pilot.press("ctrl+d", "ctrl+d")
             assert app.settings.draft == "none" and app.settings.drafter == "none"
-            assert "speculation    off" in screen_text(app)  # drafter none is target-only, whatever ^s says
+            assert "speculation    off" in screen_text(app)  # drafter none is target-only, whatever ^b says
             await pilot.press("ctrl+d")
             assert app.settings.draft == "ngram:3" and app.settings.speculate
 
@@ -338,6 +339,61 @@ def test_stop_keeps_the_partial_answer_then_chat_goes_on():
             await pilot.press("ctrl+n")
             await pilot.pause()
             assert app.history == [] and len(app.query(Answer)) == 0 and "New chat." in screen_text(app)
+
+    run(go())
+
+
+PARAGRAPH = ("Summarize this for me.\n\nThe print room moves upstairs in May.\nPrinting goes through the "
+             "library meanwhile.\nThe network team adds two data points.\nCosts stay within the budget.")
+
+
+def test_a_pasted_paragraph_reaches_the_model_whole_recalls_and_saves(tmp_path, monkeypatch):
+    """Bracketed paste keeps every line; ^l adds one; Up and Down walk the questions
+    sent; ^s writes the conversation as Markdown and JSON with each token's status; Esc closes
+    the key list."""
+    from textual import events
+    from textual.widgets import HelpPanel
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+
+    async def go():
+        app, src = fake_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            prompt = app.query_one(Prompt)
+            app.post_message(events.Paste(PARAGRAPH))  # as the terminal's bracketed paste arrives
+            await pilot.pause()
+            assert prompt.value == PARAGRAPH and PARAGRAPH.count("\n") == 5
+            await pilot.press("enter")
+            await turn_done(pilot, app)
+            assert src.requests[-1][0][-1] == {"role": "user", "content": PARAGRAPH}  # whole, not its first line
+            assert prompt.value == ""
+
+            await pilot.press("a", "ctrl+l", "b")
+            assert prompt.value == "a\nb"
+            await pilot.press("up")  # on the second line: the cursor moves up
+            assert prompt.value == "a\nb"
+            await pilot.press("up")  # on the first: the last question sent
+            assert prompt.value == PARAGRAPH
+            await pilot.press("down", "down", "down", "down", "down", "down")  # past its last line: the draft again
+            assert prompt.value == "a\nb"
+
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            [md] = list((tmp_path / "chats").glob("chat-*.md"))
+            record = json.loads(md.with_suffix(".json").read_text())
+            [turn] = record["turns"]
+            assert turn["user"] == PARAGRAPH and turn["assistant"] == app.query_one(Answer).output
+            assert [t["status"] for t in turn["tokens"]] == [p.status.value for p in SCRIPT_PIECES]
+            assert "rejected" in {t["status"] for t in turn["tokens"]} and turn["summary"].startswith("22 tokens")
+            assert PARAGRAPH in md.read_text() and app.query_one(Answer).output in md.read_text()
+
+            app.action_show_help_panel()
+            await pilot.pause()
+            assert app.screen.query(HelpPanel)
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not app.screen.query(HelpPanel)
 
     run(go())
 
@@ -878,7 +934,7 @@ def test_keys_on_the_real_model_and_stop_keeps_partial_answer(lm):
             assert app.history[-1] == {"role": "assistant", "content": answer.output}
 
             # Speculation off: the next turn is target-only decoding (plain tokens, k=0 steps).
-            await pilot.press("ctrl+s")
+            await pilot.press("ctrl+b")
             app.settings = replace(app.settings, max_tokens=6)
             await ask(pilot, app, "And a title for it?")
             await turn_done(pilot, app)
@@ -1046,7 +1102,7 @@ def test_ctrl_g_turns_trees_on_and_off():
             assert app.settings.tree is None and not app.show_tree and panel_rows(app)["K"] == "4"
             await pilot.press("ctrl+g")
             assert str(app.settings.tree) == "4x2" and app.show_tree
-            await pilot.press("ctrl+g", "ctrl+s")  # speculation off: no drafter to grow a tree
+            await pilot.press("ctrl+g", "ctrl+b")  # speculation off: no drafter to grow a tree
             await pilot.press("ctrl+g")
             assert app.settings.tree is None and not app.show_tree
 

@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.timer import Timer
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Footer, Header, HelpPanel
 from textual.worker import get_current_worker
 
 from mlxspec.core.events import Done, Step
@@ -56,6 +56,7 @@ from .source import (
     Settings,
     Source,
 )
+from .saving import SavedTurn, save_conversation
 from .stats import Baseline, TurnStats
 from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, TreePanel, summary_line
 
@@ -90,14 +91,15 @@ class ChatApp(App[None], inherit_bindings=False):
     BINDINGS = [
         Binding("ctrl+k", "change_k(1)", "K+"),
         Binding("ctrl+j", "change_k(-1)", "K-"),
-        Binding("ctrl+o", "toggle_auto_k", "auto K"),
-        Binding("ctrl+s", "toggle_speculation", "spec"),
+        Binding("ctrl+o", "toggle_auto_k", "auto"),
+        Binding("ctrl+b", "toggle_speculation", "spec"),
         Binding("ctrl+t", "cycle_temperature", "temp"),
-        Binding("ctrl+d", "cycle_drafter", "drafter"),
+        Binding("ctrl+d", "cycle_drafter", "draft"),
         Binding("ctrl+r", "toggle_rejected", "rejected"),
         Binding("ctrl+g", "toggle_tree", "tree"),
         Binding("escape", "stop", "stop"),
-        Binding("ctrl+n", "new_chat", "new chat"),
+        Binding("ctrl+n", "new_chat", "new"),
+        Binding("ctrl+s", "save", "save"),
         Binding("ctrl+q", "quit", "quit", priority=True),
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
@@ -121,6 +123,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self.info: ModelInfo | None = None
         self.baseline = Baseline()
         self.history: list[dict[str, str]] = []
+        self.turns: list[tuple[str, Answer]] = []  # each question with its reply's box, for ^s
         self.stats: TurnStats | None = None  # the turn on screen
         self.answer: Answer | None = None
         self.turn = 0  # number of the turn on screen
@@ -148,7 +151,8 @@ class ChatApp(App[None], inherit_bindings=False):
                     panel.note = self._tree_note(self.settings, before=True)
                     yield panel
                 yield Legend(id="legend")
-                yield Prompt(placeholder="Ask something, Enter to send", id="prompt")
+                yield Prompt(placeholder="Ask something: Enter sends, ^l starts a new line, Up recalls",
+                             id="prompt")
             yield StatsPanel(self.settings, id="stats")
         yield Footer()
 
@@ -159,7 +163,7 @@ class ChatApp(App[None], inherit_bindings=False):
     def on_mount(self) -> None:
         self.sub_title = f"loading {self.loading_label}…"
         self.loading_note = self.transcript.add_note(f"Loading {self.loading_label}…")
-        self.query_one(Input).focus()
+        self.query_one(Prompt).focus()
         self.run_model()
 
     # ------------------------------------------------------------------ the worker
@@ -279,6 +283,7 @@ class ChatApp(App[None], inherit_bindings=False):
             return
         if self.answer is not None and not self.answer.pieces:
             self.answer.remove()
+            self.turns = [t for t in self.turns if t[1] is not self.answer]
         self.answer = None
         if self.history and self.history[-1]["role"] == "user":
             self.history.pop()  # so the next question does not carry the failed one
@@ -290,7 +295,7 @@ class ChatApp(App[None], inherit_bindings=False):
             self.running = None
 
     # ------------------------------------------------------------------ user input
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    def on_prompt_submitted(self, event: Prompt.Submitted) -> None:
         text = event.value.strip()
         if not text:
             return
@@ -300,12 +305,13 @@ class ChatApp(App[None], inherit_bindings=False):
         if self.running is not None:
             self.notify("Still generating: press Esc to stop it first.", severity="warning")
             return
-        event.input.clear()
+        event.prompt.remember(text)
         self.history.append({"role": "user", "content": text})
         self.turn += 1
         settings = replace(self.settings, seed=self.settings.seed + self.turn)
         self.transcript.add_user(text)
         self.answer = self.transcript.add_answer(settings.label, self.show_rejected)
+        self.turns.append((text, self.answer))
         self.query_one(TreePanel).show_note(self._tree_note(settings))
         self.stats = TurnStats(started=self.clock(), k=settings.turn_k)
         self.running = TurnRequest(self.turn, list(self.history), settings, threading.Event())
@@ -387,6 +393,9 @@ class ChatApp(App[None], inherit_bindings=False):
         self.show_tree = self.settings.tree is not None
 
     def action_stop(self) -> None:
+        if self.screen.query(HelpPanel):  # Esc closes the key help (^p, "Keys") before it stops a turn
+            self.action_hide_help_panel()
+            return
         if self.running is not None:
             self.running.stop.set()
             self.notify("Stopping after this step…", timeout=2)
@@ -397,11 +406,27 @@ class ChatApp(App[None], inherit_bindings=False):
         self.turn += 1  # whatever is still running belongs to no visible turn now
         self._show_steps()
         self.history.clear()
+        self.turns.clear()
         self.answer = self.stats = None
         self.transcript.clear()
         self.transcript.add_note("New chat.")
         self.query_one(TreePanel).show_note(self._tree_note(self.settings, before=True))
         self._refresh_stats()
+
+    def action_save(self) -> None:
+        """The conversation so far as Markdown and JSON (each token's status) under
+        ``$MLXSPEC_HOME/chats``."""
+        if not self.turns:
+            self.notify("Nothing to save yet.", severity="warning")
+            return
+        turns = [SavedTurn(q, tuple(a.pieces), str(a.border_title or ""), str(a.border_subtitle or ""))
+                 for q, a in self.turns]
+        try:
+            md, js = save_conversation(store.home() / "chats", self.info.target if self.info else "model", turns)
+        except OSError as e:
+            self.notify(f"Could not save: {e}", severity="error")
+            return
+        self.notify(f"Saved {md} and {js.name}", timeout=6)
 
     def watch_settings(self, settings: Settings) -> None:
         self._update_header()

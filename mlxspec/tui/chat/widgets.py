@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Input, Static
+from textual.message import Message
+from textual.widgets import Static, TextArea
 
 from mlxspec.core.events import Status
 from mlxspec.core.tree import children
@@ -67,13 +71,84 @@ class Themed:
         raise NotImplementedError
 
 
-class Prompt(Input, inherit_bindings=False):
-    """The question box. It leaves ^k and ^d (Input's delete-to-end / delete-right) to the
-    app's K+ and drafter keys; the Delete key still deletes."""
+# The Ctrl keys the chat's own bindings use: the question box leaves them to the app.
+APP_KEYS = {"ctrl+k", "ctrl+j", "ctrl+o", "ctrl+b", "ctrl+t", "ctrl+d", "ctrl+r", "ctrl+g", "ctrl+n", "ctrl+s",
+            "ctrl+q", "ctrl+c"}
+# Keys that start a new line in the question (Enter sends it). Most terminals send Enter, Alt+Enter
+# and Ctrl+Enter alike (Textual reads ESC CR as Enter), so Ctrl+L, which every one sends as its own
+# byte; Shift+Enter and Alt+Enter where the terminal tells them apart (kitty's keyboard protocol).
+NEWLINE_KEYS = ("ctrl+l", "shift+enter", "alt+enter")
 
-    BINDINGS = [
-        b for b in Input.BINDINGS if not (isinstance(b, Binding) and b.key in ("ctrl+k", "delete,ctrl+d"))
-    ] + [Binding("delete", "delete_right", "Delete character right", show=False)]
+
+def _kept(binding: Binding) -> Binding | None:
+    """``binding`` without the keys the app takes, or None when none is left."""
+    keys = [k for k in binding.key.split(",") if k not in APP_KEYS]
+    return replace(binding, key=",".join(keys)) if keys else None
+
+
+class Prompt(TextArea, inherit_bindings=False):
+    """The question box: several lines, so a pasted paragraph arrives whole; Enter sends,
+    Ctrl+L starts a new line; Up on the first line and Down on the last walk through the
+    questions already sent. The Delete key deletes; the Ctrl keys the chat uses are the app's."""
+
+    BINDINGS = [b for b in map(_kept, TextArea.BINDINGS) if b is not None]
+
+    @dataclass
+    class Submitted(Message):
+        prompt: Prompt
+        value: str
+
+    def __init__(self, placeholder: str = "", id: str | None = None) -> None:
+        super().__init__(id=id, placeholder=placeholder, soft_wrap=True, compact=True, highlight_cursor_line=False)
+        self.sent: list[str] = []  # the questions sent, oldest first
+        self._at = 0  # which of them is shown; len(sent): the one being written
+        self._draft = ""  # what was being written when Up first left it
+
+    @property
+    def value(self) -> str:
+        return self.text
+
+    @value.setter
+    def value(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+    def remember(self, text: str) -> None:
+        """A question sent: the last one Up brings back; the box is empty again."""
+        if not self.sent or self.sent[-1] != text:
+            self.sent.append(text)
+        self._at, self._draft = len(self.sent), ""
+        self.clear()
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter" or event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            if event.key == "enter":
+                self.post_message(self.Submitted(self, self.text))
+            else:
+                self.insert("\n")
+            return
+        await super()._on_key(event)
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        if select or self.cursor_location[0] > 0 or not self._recall(-1):
+            super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        if select or self.cursor_location[0] < self.document.line_count - 1 or not self._recall(1):
+            super().action_cursor_down(select)
+
+    def _recall(self, step: int) -> bool:
+        """Show the question ``step`` away in the history (past its end: what was being written)."""
+        at = self._at + step
+        if not 0 <= at <= len(self.sent):
+            return False
+        if self._at == len(self.sent):
+            self._draft = self.text
+        self._at = at
+        self.value = self.sent[at] if at < len(self.sent) else self._draft
+        return True
 
 
 class UserMessage(Static):
