@@ -151,17 +151,19 @@ class Session:
 
     def stream(self, prompt: Prompt, params: SamplingParams = GREEDY, max_tokens: int = 256, seed: int = 0, *,
                raw: bool = False, stop_ids: set[int] | None = None, keep: bool = False,
-               node_stats: bool = False, logprobs: int | None = None) -> Iterator[Event]:
+               node_stats: bool = False, logprobs: int | None = None,
+               interrupt: Callable[[], bool] | None = None) -> Iterator[Event]:
         """The engine's events for one reply. ``stop_ids``: default the target's EOS ids (an empty
         set decodes exactly ``max_tokens``); ``keep``: reuse a kept cache and keep this call's
         (``kept``); ``node_stats``: every tree node's statistics (``mlxspec study``);
-        ``logprobs``: each emitted token's log-probability, with this many alternatives."""
+        ``logprobs``: each emitted token's log-probability, with this many alternatives;
+        ``interrupt``: asked between the prompt's chunks (``engine.generate``)."""
         ids = self.encode(prompt, raw)
         token_budget(ids, max_tokens, self.lm.context_length)  # before the policy measures anything
         events = generate(self.lm.model, ids, params, max_tokens,
                           self.stop_ids if stop_ids is None else stop_ids, self.lm.context_length, seed,
                           self.drafter, self.policy, self.kept if keep else None, tree=self.tree, node_stats=node_stats,
-                          logprobs=logprobs)
+                          logprobs=logprobs, interrupt=interrupt)
         return self._checked(events) if self._curve is not None and hasattr(self.policy, "timed_steps") else events
 
     def _checked(self, events: Iterator[Event]) -> Iterator[Event]:

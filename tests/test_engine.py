@@ -200,3 +200,31 @@ def test_coupled_speculation_is_target_only_coupled_sampling(backend):
     assert coupled_tokens(model, None, 1, seed=12)[0] != alone  # the seed matters
     uncoupled = SamplingParams(temperature=1.0, min_p=0.02)
     assert coupled_tokens(model, None, 1, params=uncoupled)[0] != alone  # another stream than plain sampling's
+
+
+@pytest.mark.parametrize("with_drafter", [False, True])
+def test_an_interrupted_prompt_stops_between_chunks_and_keeps_no_half_cache(with_drafter):
+    """``interrupt`` is asked after each prompt chunk: True ends the call with ``Interrupted``
+    after that chunk, and the kept cache it had taken is dropped, not kept half filled."""
+    from tiny import lively_target
+
+    from mlxspec.core.prefill import PREFILL_CHUNK, Interrupted
+    from mlxspec.core.prompt_cache import PromptCache
+
+    model = lively_target(3).model
+    drafter = NgramDrafter(2) if with_drafter else None
+    prompt = [(5 * i + 2) % 48 for i in range(2 * PREFILL_CHUNK + 40)]
+    asked = []
+
+    def run(kept=None, interrupt=None):
+        events = engine.generate(model, prompt, SamplingParams(), 8, set(), 4096, 0, drafter, 3, kept=kept,
+                                 interrupt=interrupt)
+        return [t.id for ev in events if isinstance(ev, Step) for t in ev.tokens if t.emitted]
+
+    kept = PromptCache()
+    list(engine.generate(model, prompt[:30], SamplingParams(), 4, set(), 4096, 0, drafter, 3, kept=kept))
+    with pytest.raises(Interrupted):
+        run(kept, lambda: asked.append(1) or True)
+    assert len(asked) == 1  # given up after its first chunk, not at the prompt's end
+    assert kept.entries == []
+    assert run(kept, lambda: False) == run()  # the next call starts clean

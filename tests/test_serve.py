@@ -619,6 +619,25 @@ def test_a_client_leaving_a_whole_request_stops_its_decoding(ngram_server):
     assert ngram_server.decoder.cancelled == before + 1  # the 2,000 tokens were not decoded first
 
 
+@pytest.mark.model
+@client_tests
+def test_a_client_leaving_during_a_long_prompt_frees_the_server_within_a_chunk(ngram_server):
+    """A 2,600-token prompt takes the MLX target about 10 s; its client leaves after 1 s. The
+    prompt is given up at the next chunk boundary, so a short request after it is answered
+    long before the abandoned prompt would have been done."""
+    url, host = ngram_server.url, urlparse(ngram_server.url).netloc
+    before, prefills = ngram_server.decoder.cancelled, ngram_server.decoder.interrupted_prefills
+    body = json.dumps({"prompt": "the cat sat on the mat and " * 370, "max_tokens": 4, "temperature": 0}).encode()
+    s = socket.create_connection((urlparse(url).hostname, urlparse(url).port))
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(1.0)
+    s.close()
+    reply = client(url).completions.create(model="default", prompt="Hi", max_tokens=2, temperature=0)
+    assert reply.usage.completion_tokens <= 2
+    assert ngram_server.decoder.cancelled == before + 1
+    assert ngram_server.decoder.interrupted_prefills == prefills + 1  # stopped inside its prompt
+
+
 @pytest.fixture(scope="module")
 def guarded_server(lm):
     from mlxspec.serve import start_server

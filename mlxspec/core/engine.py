@@ -17,7 +17,7 @@ sync; with neither asked for, the loop is what it was without them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from types import ModuleType
@@ -61,11 +61,12 @@ def generate_plain(
     seed: int = 0,
     kept: PromptCache | None = None,
     logprobs: int | None = None,
+    interrupt: Callable[[], bool] | None = None,
 ) -> Iterator[Event]:
     """Target-only decoding. The next token is computed while the host handles the current one
     (``async_eval``), as mlx-lm does; the one extra step at the end is discarded. ``kept``: a
-    cache from an earlier call to reuse, and to leave this call's cache in. ``logprobs``: as
-    ``generate``."""
+    cache from an earlier call to reuse, and to leave this call's cache in. ``logprobs`` and
+    ``interrupt``: as ``generate``."""
     ops = ops_for(model)
     limit, at_limit = token_budget(prompt, max_tokens, context)
     reuse = kept.take(prompt[:-1], False) if kept else Reuse()
@@ -77,7 +78,7 @@ def generate_plain(
 
     t0 = time.perf_counter()
     first_tail = ops.tokens(prompt[-params.window:])[None] if params.processes else None
-    y, key, y_lps = step(ops.prefill(model, cache, prompt[n_kept:]), key, first_tail, len(prompt))
+    y, key, y_lps = step(ops.prefill(model, cache, prompt[n_kept:], stop=interrupt), key, first_tail, len(prompt))
     ops.async_evaluate(y, key, *_present(y_lps))
     n, reason, t_first, t_prev = 0, at_limit, None, None
     fed = list(prompt)  # what the cache holds once the pass in flight is done
@@ -168,7 +169,7 @@ def _tails(ops: ModuleType, history: list[int], drafted: list[int], parents: tup
 
 
 def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
-           kept: PromptCache | None) -> tuple[list, Any]:
+           kept: PromptCache | None, interrupt: Callable[[], bool] | None = None) -> tuple[list, Any]:
     """Prefill the target with all but the last prompt token (only those ``kept`` does not
     hold already), and the drafter with the prompt (and the target's hidden states of those
     tokens if it reads them). Returns the cache and those hidden states."""
@@ -179,7 +180,7 @@ def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
                             NOT_TRIMMABLE_HINT)
     n, hidden = reuse.n, reuse.hidden
     if len(head) > n:
-        out = ops.prefill(model, cache, head[n:], return_hidden=want)
+        out = ops.prefill(model, cache, head[n:], return_hidden=want, stop=interrupt)
         if want:
             hidden = out[1] if hidden is None else ops.concatenate([hidden, out[1]])
         ops.evaluate([c.state for c in cache], hidden)
@@ -296,22 +297,25 @@ def _step_tokens(kept: list[int], refused: list[int], y: int, stop_ids: set[int]
 def generate(model: Target, prompt: list[int], params: SamplingParams, max_tokens: int, stop_ids: set[int],
              context: int, seed: int = 0, drafter: Drafter | None = None, k: int | KPolicy = 4,
              kept: PromptCache | None = None, tree: TreeShape | None = None,
-             node_stats: bool = False, logprobs: int | None = None) -> Iterator[Event]:
+             node_stats: bool = False, logprobs: int | None = None,
+             interrupt: Callable[[], bool] | None = None) -> Iterator[Event]:
     """Speculative decoding with ``drafter`` (target-only decoding without one), drafting ``k``
     tokens a step, or as many as a ``KPolicy`` asks for each step, or a ``tree`` of that shape.
     ``kept``: a cache from an earlier call (a chat's last turn) to reuse, and to leave this
     call's cache in, with the hidden states of its tokens when the drafter reads them.
     ``node_stats``: give every step's tree its ``NodeStats`` (for ``mlxspec study``).
     ``logprobs``: None, or give every emitted ``Token`` the target's log-probability of it and
-    its ``logprobs`` most likely alternatives (0: none), from the verify pass."""
+    its ``logprobs`` most likely alternatives (0: none), from the verify pass. ``interrupt``:
+    asked between the prompt's chunks; True gives it up (``core.prefill.Interrupted``, the cache
+    dropped), as a server does for a client that left during a long prompt."""
     if drafter is None:
-        yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept, logprobs)
+        yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept, logprobs, interrupt)
         return
     limit, reason = token_budget(prompt, max_tokens, context)
     if tree is not None:
         _check_tree(model, drafter, tree, prompt, context)
     policy, ops, t0 = FixedK(k) if isinstance(k, int) else k, ops_for(model), time.perf_counter()
-    cache, prompt_hidden = _start(ops, model, drafter, prompt, kept)
+    cache, prompt_hidden = _start(ops, model, drafter, prompt, kept, interrupt)
     history, key = list(prompt), ops.key(seed)  # the cache holds history[:-1]
     # the hidden states of what the cache holds, for ``kept``, when the drafter reads them
     held_hidden = [prompt_hidden] if kept is not None and prompt_hidden is not None else None

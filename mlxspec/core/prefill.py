@@ -13,23 +13,29 @@ from mlxspec.core.target import Target
 PREFILL_CHUNK = 512
 
 
+class Interrupted(Exception):
+    """A prefill stopped between chunks because its caller asked (``stop``): the cache holds an
+    unfinished prompt and is to be dropped."""
+
+
 def prefill(
     model: Target, cache: list, ids: list[int], num_layers: int | None = None,
-    return_hidden: bool | tuple[int, ...] = False,
+    return_hidden: bool | tuple[int, ...] = False, stop: Callable[[], bool] | None = None,
 ) -> mx.array | tuple[mx.array, mx.array]:
     """Run the prompt ``ids`` through ``model`` in chunks; return the logits of the last
     position and, with ``return_hidden``, the hidden states of every position (L, D), or of
-    the blocks it names (``Target``)."""
+    the blocks it names (``Target``). ``stop``: asked after each chunk; True raises ``Interrupted``."""
     return chunked(model, cache, ids, num_layers, return_hidden, lambda chunk: mx.array([chunk], mx.int32),
-                   mx.concatenate, lambda cache, hidden: mx.eval([c.state for c in cache], hidden))
+                   mx.concatenate, lambda cache, hidden: mx.eval([c.state for c in cache], hidden), stop)
 
 
 def chunked(model: Any, cache: list, ids: list[int], num_layers: int | None, return_hidden: bool | tuple[int, ...],
             batch: Callable[[list[int]], Any], concatenate: Callable[[list[Any]], Any],
-            settle: Callable[[list, list], None] | None = None) -> Any:
+            settle: Callable[[list, list], None] | None = None, stop: Callable[[], bool] | None = None) -> Any:
     """``prefill`` on any backend: ``batch`` makes a (1, n) token array of a chunk,
     ``concatenate`` joins the hidden states, ``settle(cache, hidden)`` (MLX: evaluate) runs after
-    each full chunk so a long prompt never builds one huge graph."""
+    each full chunk so a long prompt never builds one huge graph; ``stop`` is asked then too (a
+    server's departed client: a long prompt is given up within a chunk, not at its end)."""
     # Models that cannot return hidden states (a trained draft) are never asked to.
     kw = {"return_hidden": return_hidden} if return_hidden else {}
     # A target that can compute only the logits read (an eager one must be told): none of the
@@ -44,6 +50,8 @@ def chunked(model: Any, cache: list, ids: list[int], num_layers: int | None, ret
             hidden.append(out[1][0])
         if settle is not None:
             settle(cache, hidden)
+        if stop is not None and stop():
+            raise Interrupted
     out = model(batch(ids[tail:]), cache, num_layers=num_layers, **kw, **last)
     if not return_hidden:
         return out[0, -1]

@@ -11,6 +11,7 @@ from typing import Any
 
 from mlxspec.core.events import Done, Event
 from mlxspec.core.ops import ops_for
+from mlxspec.core.prefill import Interrupted
 from mlxspec.core.prompt_cache import PromptCache
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
@@ -93,6 +94,7 @@ class Decoder:
     def __init__(self, options: ServeOptions, loaded: Any = None, log: Log | None = None):
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.cancelled = 0  # jobs stopped before the engine finished (client gone, stop string)
+        self.interrupted_prefills = 0  # of those, stopped in their prompt (between its chunks)
         self.info: ModelInfo | None = None
         self.prompt_cache: PromptCache | None = None  # the session's, for /health to read
         self._current: Job | None = None
@@ -151,22 +153,30 @@ class Decoder:
                 job.items.put(shutting_down())
                 job.items.put(_END)
 
+    def _cancelled(self, job: Job) -> None:
+        self.cancelled += 1
+        if self._closing.is_set():
+            job.items.put(shutting_down())
+
     def _decode(self, job: Job, session: Session) -> None:
         if self._closing.is_set():
             job.items.put(shutting_down())
         if job.cancel.is_set() or self._closing.is_set():  # its client left while it queued, or we stop
             job.items.put(_END)
             return
-        # A request that continues a kept conversation prefills only what is new (keep=True).
-        events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True, logprobs=job.logprobs)
+        # A request that continues a kept conversation prefills only what is new (keep=True). A
+        # long prompt is given up between its chunks once its client has left or we stop.
+        events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True, logprobs=job.logprobs,
+                                interrupt=lambda: job.cancel.is_set() or self._closing.is_set())
         try:
             for ev in events:
                 job.items.put(ev)
                 if job.cancel.is_set() and not isinstance(ev, Done):
-                    self.cancelled += 1
-                    if self._closing.is_set():
-                        job.items.put(shutting_down())
+                    self._cancelled(job)
                     break
+        except Interrupted:
+            self.interrupted_prefills += 1
+            self._cancelled(job)
         except Exception as e:  # the handler turns it into an error response
             job.items.put(e)
         finally:

@@ -6,7 +6,7 @@ accelerator; a key is a plain int (``sampling.split_key``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,10 +77,11 @@ def split(key: int, n: int) -> list[int]:
 
 
 def prefill(model: Any, cache: list, ids: list[int], num_layers: int | None = None,
-            return_hidden: bool | tuple[int, ...] = False) -> Any:
+            return_hidden: bool | tuple[int, ...] = False, stop: Callable[[], bool] | None = None) -> Any:
     """``core.prefill.prefill`` for torch: the prompt in chunks, the last position's logits
-    and, with ``return_hidden``, the hidden states of every position (L, D)."""
-    return chunked(model, cache, ids, num_layers, return_hidden, lambda chunk: tokens(chunk)[None], torch.cat)
+    and, with ``return_hidden``, the hidden states of every position (L, D); ``stop`` as there."""
+    return chunked(model, cache, ids, num_layers, return_hidden, lambda chunk: tokens(chunk)[None], torch.cat,
+                   stop=stop)
 
 
 def top_children(logits: torch.Tensor, branch: int) -> torch.Tensor:
