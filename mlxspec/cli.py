@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from mlxspec.errors import MlxspecError
-from mlxspec.flags import (ACCESS, BACKEND, MODEL_SAMPLING, OUTPUT, TORCH, TRAIN, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
+from mlxspec.flags import (ACCESS, BACKEND, MODEL_SAMPLING, OUTPUT, TORCH, TRAIN, BlockVerifyOpt, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
                            RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, VersionOpt, bench_checks, check_max_tokens, checked_draft,
                            grouped, k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size, read_prompt,
                            sampling_params, serve_checks, sweep_trees, tree_option, with_system)
@@ -131,7 +131,7 @@ def chat(
     s = sampling
     run_chat(model, named_draft(draft, model), "auto" if k is None else k, s.temp, s.top_p, max_tokens, dtype,
              backend=backend, top_k=s.top_k, min_p=s.min_p, **({"tree": shape} if shape else {}),
-             **({"sampling": s.processors} if s.processors.processes or s.processors.coupled else {}),
+             **({"sampling": s.processors} if s.processors.processes or s.processors.coupled or s.processors.block_verify else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 
@@ -156,6 +156,7 @@ def bench(
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1] at T > 0, for every method (mlx-lm's too)."),
     min_p: float = typer.Option(0.0, "--min-p", help="At T > 0 drop tokens below min-p x the top probability, for every method: e.g. -t 1 --min-p 0.1, the chat's sampling for the default model."),
     coupled: bool = typer.Option(False, "--coupled", help="At T > 0 sample every method by --seed- and position-keyed noise (generate --help): speculation then writes target-only's text; its acceptance cost, measured."),
+    block_verify: bool = BlockVerifyOpt,
     against: Optional[str] = typer.Option(None, "--against", help="Another drafter to time side by side with --draft in the same rounds and K setting, e.g. --draft ngram:3+smollm2-135m-eagle --against ngram:3: its speed, tau and the ratio between the two, per category."),
     llama_cpp: bool = typer.Option(False, "--llama-cpp", help="Also time llama.cpp's plain decoding of the target's GGUF file in the same rounds, same prompt tokens, temperatures, filters and thread count (needs the llama extra: README, \"Against llama.cpp\")."),
     mlx_lm_k: Optional[int] = typer.Option(None, "--mlx-lm-k", help="Draft tokens per step of mlx-lm's peer (default: --k; 4 under --k auto), e.g. its fastest K from a sweep."),
@@ -186,7 +187,8 @@ def bench(
                 measured_target(model, dtype, backend), draft, "auto" if k is None else k, tuple(temps), categories,
                 per_category, max_tokens, warmup, repeats, mlx_lm, prompts_file, seed, dtype=dtype,
                 remeasure_cost=remeasure_cost, tree=shape, peer_draft=mlx_lm_draft, peer_k=mlx_lm_k,
-                against=against, sampling=sampling_params(0.0, top_p, min_p=min_p, coupled=coupled), llama_cpp=llama_cpp), progress)
+                against=against, sampling=sampling_params(0.0, top_p, min_p=min_p, coupled=coupled, block_verify=block_verify),
+                llama_cpp=llama_cpp), progress)
     output.emit(result.to_json(), lambda console: b.print_result(result, console))
 
 

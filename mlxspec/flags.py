@@ -57,6 +57,7 @@ BackendOpt = typer.Option("auto", "--backend", help="auto, mlx, or torch: the sa
 DeviceOpt = typer.Option(None, "--device", show_default=False, help="With --backend torch: cpu, cuda or mps (default: the best this machine has).")
 
 CoupledOpt = typer.Option(False, "--coupled", help="At T > 0, draw each token from noise keyed by --seed and its position (Gumbel-max): the reply is target-only sampling's for that seed, whatever the drafter and K. Drafts are kept only where they hit the target's draw, so fewer are accepted than by rejection sampling.")
+BlockVerifyOpt = typer.Option(False, "--block-verify", help="At T > 0, judge a chain the drafter sampled as a block (Sun et al., arXiv 2403.10444) rather than token by token: as exact, never fewer drafts kept on average; the same rule for lookup's drafts and for trees.")
 # The logits processors (mlx-lm's definitions; each position judged after its own prefix, so exact
 # under speculation too). Presence and frequency look back 20 tokens, as mlx-lm's defaults.
 RepetitionOpt = typer.Option(1.0, "--repetition-penalty", help="mlx-lm's repetition penalty: a token among the last --repetition-context-size has its logit divided by this (multiplied when negative); 1 = off.")
@@ -133,13 +134,14 @@ def tree_option(tree: Optional[str], tree_nodes: Optional[int], k: Optional[str]
 
 
 def sampling_params(temp: float, top_p: float, top_k: int = 0, min_p: float = 0.0, coupled: bool = False,
-                    repetition_penalty: float = 1.0, repetition_context_size: int = 20, presence_penalty: float = 0.0,
+                    block_verify: bool = False, repetition_penalty: float = 1.0, repetition_context_size: int = 20, presence_penalty: float = 0.0,
                     frequency_penalty: float = 0.0, logit_bias: Optional[list[str]] = None) -> Any:
     """The sampling flags as a checked ``SamplingParams``: a bad value is one error line before
     anything loads (a bias for a token past the vocabulary is refused once the model is known)."""
     from mlxspec.core.sampling import SamplingParams
 
-    return SamplingParams(temp, top_p, top_k, min_p, coupled=coupled, repetition_penalty=repetition_penalty,
+    return SamplingParams(temp, top_p, top_k, min_p, coupled=coupled, block_verify=block_verify,
+                          repetition_penalty=repetition_penalty,
                           repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
                           frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias or []))
 
@@ -165,11 +167,12 @@ class SamplingChoice:
 
 
 def _sampling_choice(temp: Optional[float] = None, top_p: Optional[float] = None, top_k: Optional[int] = None,
-                     min_p: Optional[float] = None, coupled: bool = False, **penalties: Any) -> SamplingChoice:
+                     min_p: Optional[float] = None, coupled: bool = False, block_verify: bool = False,
+                     **penalties: Any) -> SamplingChoice:
     """The flags checked before anything loads (each given value's range, as ``SamplingParams``
     checks it), the model's defaults filled in later."""
     neutral = sampling_params(0.0 if temp is None else temp, 1.0 if top_p is None else top_p, top_k or 0, min_p or 0.0,
-                              coupled, **penalties)
+                              coupled, block_verify, **penalties)
     return SamplingChoice(temp, top_p, top_k, min_p, replace(neutral, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0))
 
 
@@ -183,7 +186,7 @@ MODEL_SAMPLING = FlagGroup((
     ("top_p", Optional[float], typer.Option(None, "--top-p", show_default=False, help="Nucleus sampling mass in (0, 1].")),
     ("top_k", Optional[int], typer.Option(None, "--top-k", show_default=False, help="Keep the k most likely tokens (0 = off).")),
     ("min_p", Optional[float], typer.Option(None, "--min-p", show_default=False, help="Drop tokens below min-p x the top probability.")),
-    ("coupled", bool, CoupledOpt), *_PENALTY_FLAGS), _sampling_choice)
+    ("coupled", bool, CoupledOpt), ("block_verify", bool, BlockVerifyOpt), *_PENALTY_FLAGS), _sampling_choice)
 # --backend and --device as one backend spec ("mlx", "torch:cpu", ...).
 BACKEND = FlagGroup((("backend", str, BackendOpt), ("device", Optional[str], DeviceOpt)), backend_spec)
 OUTPUT = FlagGroup((("as_json", bool, typer.Option(False, "--json", help="Print the result as one JSON object to stdout instead of the tables.")),

@@ -47,6 +47,7 @@ from mlxspec.core.events import Event, Step
 from mlxspec.core.model import Llama, LlamaConfig
 from mlxspec.core.sampling import SamplingParams, probs
 from mlxspec.core.tree import first_line
+from mlxspec.core.verify import block_stop_probabilities
 
 
 class EnumerationError(AssertionError):
@@ -98,8 +99,9 @@ class Enumeration:
 
 
 class _Oracle:
-    def __init__(self, horizon: int, vocab: int):
+    def __init__(self, horizon: int, vocab: int, block: bool = False):
         self.horizon, self.vocab = horizon, vocab
+        self.block = block  # chains are judged whole (``block_verify``): every draft branches
         self.script: list[int] = []
 
     # --------------------------------------------------------------- per run / per step state
@@ -133,7 +135,8 @@ class _Oracle:
             raise EnumerationError(f"categorical over shape {logits.shape} is not enumerated")
         if not self.in_verify:
             self.drafts += 1
-            if not self.all_accepted or self.emitted + self.drafts > self.horizon:
+            # Under block verification a later draft bears on whether earlier ones are kept.
+            if not self.block and (not self.all_accepted or self.emitted + self.drafts > self.horizon):
                 # Follows a rejected draft, or lands past the horizon: never judged. Stay lazy.
                 return mx.argmax(logits).astype(mx.uint32)
         lp = np.array(logits.astype(mx.float32), dtype=np.float64)
@@ -148,7 +151,7 @@ class _Oracle:
             position = self.emitted + accepted + 1
         else:
             position = self.emitted + self.drafts
-        if position > self.horizon:
+        if position > self.horizon and (self.in_verify or not self.block):  # cannot change the first tokens
             return mx.array(int(support[np.argmax(w[support])]), mx.uint32)
         if self.in_verify and position == self.horizon:
             value = int(support[0])
@@ -157,7 +160,7 @@ class _Oracle:
         point = self._choose(len(support))
         value = int(support[point.taken])
         point.weight = float(w[value])
-        if not self.in_verify:  # its accept test, chosen now so that later drafts know
+        if not self.in_verify and not self.block:  # its accept test, chosen now so that later drafts know
             accept = self._choose(2)
             self.accept_points[self.drafts - 1] = len(self.path) - 1
             self.all_accepted = accept.taken == 0
@@ -210,13 +213,38 @@ class _Oracle:
                 u[i] = r / 2 if keep else (1 + r) / 2
                 accepted += keep
                 rejected = not keep
-            self.expect = (accepted, rejected)
-            self.uniform_values = u
-            self.in_verify = True
-            try:
-                return inner(draft, q, p, key)
-            finally:
-                self.in_verify = False
+            return self._judge(inner, (draft, q, p, key), (accepted, rejected), u)
+
+        return verify
+
+    def _judge(self, inner: Callable, args: tuple, expect: tuple[int, bool], uniforms: np.ndarray):
+        """Run the real verifier on ``args``, fed ``uniforms``, expecting the decision ``expect``."""
+        self.expect, self.uniform_values, self.in_verify = expect, uniforms, True
+        try:
+            return inner(*args)
+        finally:
+            self.in_verify = False
+
+    def block_verifier(self, inner: Callable) -> Callable:
+        """``verifier`` for ``block_verify``: the number of drafts kept branches K + 1 ways,
+        weighted by the rule's own stop probabilities (``block_stop_probabilities``, float64
+        from the engine's p and q); the verifier is fed uniforms that force that stop."""
+        def verify(draft, q, p, key):
+            if not self.block:
+                raise EnumerationError("block_verify ran: enumerate with block=True")
+            if isinstance(p, mx.array):
+                mx.eval(draft, p, q)
+            d, pn, qn = _float64(draft).astype(np.int64), _float64(p), _float64(q)
+            k = d.shape[0]
+            stops = block_stop_probabilities(d, qn[:k], pn[: k + 1])
+            point = self._choose(k + 1)
+            point.weight = float(stops[point.taken])
+            if point.weight <= 0:
+                raise _Dead(len(self.path) - 1)
+            eta = np.full(k, 2.0)
+            if point.taken:
+                eta[point.taken - 1] = 0.0
+            return self._judge(inner, (draft, q, p, key), (point.taken, point.taken < k), eta)
 
         return verify
 
@@ -229,7 +257,7 @@ def _float64(x) -> np.ndarray:
 
 
 def torch_engine_distribution(run: Callable[[], Iterator[Event]], horizon: int, vocab: int, monkeypatch,
-                              max_runs: int = 200_000) -> Enumeration:
+                              max_runs: int = 200_000, block: bool = False) -> Enumeration:
     """``engine_distribution`` for a torch target and drafter. torch's draws all go through
     ``torchpath.sampling.categorical``, which is replaced by the enumerating one; the verifier
     is torch's ``rejection_decide`` given the uniforms the enumeration chose, then that same
@@ -241,29 +269,37 @@ def torch_engine_distribution(run: Callable[[], Iterator[Event]], horizon: int, 
     from mlxspec.torchpath import sampling as torch_sampling
     from mlxspec.torchpath import verify as torch_verify
 
-    oracle = _Oracle(horizon, vocab)
+    oracle = _Oracle(horizon, vocab, block)
 
     def rejection(draft, q, p, key):
         u = torch.as_tensor(oracle.take_uniforms(), dtype=p.dtype)
         n, residual = torch_verify.rejection_decide(draft, q, p, u)
         return n, torch_sampling.categorical(torch.log(residual), None)
 
+    def block_rule(draft, q, p, key):
+        eta = torch.as_tensor(oracle.take_uniforms(), dtype=p.dtype)
+        n, row = torch_verify.block_decide(draft, q, p, eta)
+        return n, torch_sampling.categorical(torch.log(row), None)
+
     with monkeypatch.context() as mp:
         mp.setattr(torch_ops, "rejection_verify", oracle.verifier(rejection))
+        mp.setattr(torch_ops, "block_verify", oracle.block_verifier(block_rule))
         mp.setattr(torch_sampling, "categorical", oracle.torch_categorical)
         return _enumerate(oracle, run, horizon, vocab, max_runs)
 
 
 def engine_distribution(run: Callable[[], Iterator[Event]], horizon: int, vocab: int, monkeypatch,
-                        max_runs: int = 200_000) -> Enumeration:
+                        max_runs: int = 200_000, block: bool = False) -> Enumeration:
     """Enumerate every path of ``run()`` (a fresh ``engine.generate`` iterator per call) through
     its random choices; return the exact distribution of its first ``horizon`` emitted tokens.
 
     ``monkeypatch`` (pytest's) installs the enumerating primitives and wraps whatever
-    ``ops.rejection_verify`` (``core.ops``) is at call time (so a test may have replaced it first)."""
-    oracle = _Oracle(horizon, vocab)
+    ``ops.rejection_verify`` (``core.ops``) is at call time (so a test may have replaced it first).
+    ``block``: the engine judges sampled chains with ``block_verify`` (every draft then branches)."""
+    oracle = _Oracle(horizon, vocab, block)
     with monkeypatch.context() as mp:
         mp.setattr(mlx_ops, "rejection_verify", oracle.verifier(mlx_ops.rejection_verify))
+        mp.setattr(mlx_ops, "block_verify", oracle.block_verifier(mlx_ops.block_verify))
         mp.setattr(mx.random, "categorical", oracle.categorical)
         mp.setattr(mx.random, "uniform", oracle.uniform)
         return _enumerate(oracle, run, horizon, vocab, max_runs)

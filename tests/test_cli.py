@@ -565,10 +565,11 @@ def test_serve_refuses_an_empty_key_or_a_bad_origin_before_it_listens(monkeypatc
     one_line_error(invoke("serve", *args, env=env), pattern)
 
 
-def test_chat_takes_the_coupling_option(monkeypatch):
+def test_chat_takes_the_coupling_and_block_options(monkeypatch):
     import mlxspec.tui.chat.app
 
     calls = []
     monkeypatch.setattr(mlxspec.tui.chat.app, "run_chat", lambda *a, **kw: calls.append(kw))
     assert invoke("chat", "-d", "none", "--coupled").exit_code == 0
-    assert calls[0]["sampling"].coupled
+    assert invoke("chat", "-d", "none", "--block-verify").exit_code == 0
+    assert calls[0]["sampling"].coupled and calls[1]["sampling"].block_verify

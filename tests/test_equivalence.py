@@ -93,7 +93,7 @@ def exact_engine(target, drafter, params, k, max_tokens, monkeypatch, prompt=PRO
     def run():
         return engine.generate(target, prompt, params, max_tokens, set(), CONTEXT, seed=0, drafter=drafter, k=k)
 
-    return engine_distribution(run, NUM_TOKENS, EXACT_VOCAB, monkeypatch)
+    return engine_distribution(run, NUM_TOKENS, EXACT_VOCAB, monkeypatch, block=params.block_verify)
 
 
 def check_config(target, drafter, params, k, max_tokens, monkeypatch, prompt=PROMPT):
@@ -161,6 +161,26 @@ def test_engine_distribution_is_exactly_the_targets(target, draft, k, params, ma
         assert kept > 0.05, "some steps should keep every judged draft"
 
 
+BLOCK_CONFIGS = [
+    pytest.param(2, SamplingParams(temperature=1.0, block_verify=True), 3, id="K2-T1"),
+    pytest.param(2, SamplingParams(temperature=0.7, top_k=3, block_verify=True), 3, id="K2-T0.7-topk3"),
+]
+
+
+@pytest.mark.parametrize("k, params, max_tokens", BLOCK_CONFIGS)
+def test_block_verification_in_the_engine_is_exactly_the_target_and_keeps_more(target, draft, k, params,
+                                                                               max_tokens, monkeypatch):
+    """Chains judged whole (``block_verify``): the engine's joint is the target's, and at least as
+    many drafts are kept as token by token on the same configuration."""
+    from dataclasses import replace
+
+    e = check_config(target, ModelDrafter(draft, "tiny"), params, k, max_tokens, monkeypatch)
+    token = exact_engine(target, ModelDrafter(draft, "tiny"), replace(params, block_verify=False), k, max_tokens,
+                         monkeypatch)
+    print(f"kept a step: block {e.accepted:.4f}, token {token.accepted:.4f}")
+    assert e.accepted >= token.accepted - 1e-6
+
+
 def test_engine_with_ngram_drafter_is_exactly_the_targets(target, monkeypatch):
     """Prompt lookup: q is a point mass, so acceptance is p(d) and the residual is p without d."""
     params = SamplingParams(temperature=1.0)
@@ -198,6 +218,22 @@ def test_the_check_catches_a_wrong_accept_threshold(target, draft, monkeypatch):
     params = SamplingParams(temperature=1.0)
     with pytest.raises(EnumerationError, match="threshold"):
         exact_engine(target, ModelDrafter(draft, "tiny"), params, 2, 3, monkeypatch)
+
+
+def test_the_check_catches_a_block_rule_with_the_wrong_residual(target, draft, monkeypatch):
+    """Block verification that keeps the right number of drafts but then draws from the
+    target's row there, not from the weighted residual max(0, w p - q)."""
+    from mlxspec.core import verify
+
+    def wrong(draft_, q, p, key):
+        eta = mx.random.uniform(shape=(draft_.shape[0],), key=key)
+        n, _ = verify.block_decide(draft_, q, p, eta)
+        return n, mx.random.categorical(mx.log(mx.take(p, n, axis=0)), key=key).astype(mx.int32)
+
+    monkeypatch.setattr(mlx_ops, "block_verify", wrong)
+    params = SamplingParams(temperature=1.0, block_verify=True)
+    e = exact_engine(target, ModelDrafter(draft, "tiny"), params, 2, 3, monkeypatch)
+    assert tv(e.joint, exact_joint(target, PROMPT, params)) > 1000 * EXACT_TV
 
 
 def test_the_check_catches_a_rollback_off_by_one(target, draft, monkeypatch):

@@ -136,6 +136,8 @@ def test_neutral_values_of_unimplemented_fields_pass_and_top_k_min_p_are_used():
     assert not req.params.processes and req.logprobs is None  # 0: mlx-lm's server's "no repetition penalty"
     coupled = parse_generation(CHAT, body | {"coupled": True, "seed": 3}, ServeOptions(), NAMES)
     assert coupled.params.is_coupled and coupled.seed == 3 and not req.params.coupled
+    block = parse_generation(CHAT, body | {"block_verify": True}, ServeOptions(), NAMES)
+    assert block.params.block_verify and not req.params.block_verify
 
 
 def test_sampling_controls_are_read():

@@ -426,3 +426,23 @@ def test_split_key():
     assert keys == torch_sampling.split_key(42, 5) != torch_sampling.split_key(43, 5)
     assert len(set(keys)) == 5 and all(isinstance(k, int) and 0 <= k < 2**63 for k in keys)
     assert torch_sampling.split_key(42, 2) == keys[:2]
+
+
+def test_block_decide_equals_the_float64_reference():
+    rng = np.random.default_rng(7)
+    for k in (1, 2, 3, 5):
+        for _ in range(15):
+            q = rng.dirichlet(np.full(6, 0.5), size=k)
+            p = rng.dirichlet(np.full(6, 0.5), size=k + 1)
+            p[rng.integers(k + 1), rng.integers(6)] = 0.0  # a zero in the target's rows
+            p /= p.sum(-1, keepdims=True)
+            draft = np.array([rng.choice(6, p=q[i]) for i in range(k)])
+            eta = rng.random(k)
+            want_n, want_row = mlx_verify.block_decide_reference(draft, q, p, eta)
+            n, row = torch_verify.block_decide(torch.tensor(draft), torch.tensor(q), torch.tensor(p), torch.tensor(eta))
+            assert n.item() == want_n and row.dtype == torch.float64
+            np.testing.assert_allclose(row.numpy(), want_row, atol=1e-12)
+    key = 9
+    draft, q, p = torch.tensor([1, 2]), torch.tensor(q[:2]), torch.tensor(p[:3])
+    assert [x.item() for x in torch_verify.block_verify(draft, q, p, key)] == \
+        [x.item() for x in torch_verify.block_verify(draft, q, p, key)]

@@ -219,11 +219,12 @@ def torch_exact(torch_target, drafter, params, k, max_tokens, monkeypatch, promp
     def run():
         return engine.generate(torch_target, prompt, params, max_tokens, set(), 64, seed=0, drafter=drafter, k=k)
 
-    return torch_engine_distribution(run, NUM_TOKENS, EXACT_VOCAB, monkeypatch)
+    return torch_engine_distribution(run, NUM_TOKENS, EXACT_VOCAB, monkeypatch, block=params.block_verify)
 
 
 @pytest.mark.parametrize("k, params, max_tokens", [
     pytest.param(1, SamplingParams(temperature=1.0), 3, id="K1-T1"),
+    pytest.param(2, SamplingParams(temperature=1.0, block_verify=True), 3, id="K2-T1-block"),
     pytest.param(4, SamplingParams(temperature=1.0), 5, id="K4-T1"),
     pytest.param(3, SamplingParams(temperature=0.7), 4, id="K3-T0.7"),
     pytest.param(4, SamplingParams(temperature=1.0, top_k=2), 5, id="K4-topk2"),

@@ -352,3 +352,102 @@ def test_accept_rates_mx_matches_numpy():
     for rate in (expected_accept_rate, token_match_rate):
         from_mx = np.array(rate(mx.array(p), mx.array(q)))
         np.testing.assert_allclose(from_mx, rate(p, q), rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- block verification
+import itertools  # noqa: E402
+
+from mlxspec.core.verify import (  # noqa: E402
+    block_decide,
+    block_decide_reference,
+    block_stop_probabilities,
+    block_verify,
+    rejection_decide_reference,
+)
+
+
+def random_conditionals(rng, vocab: int, depth: int, kind: str) -> dict[tuple[int, ...], np.ndarray]:
+    """A distribution for every prefix shorter than ``depth``: random, with zeros, or (for q)
+    equal to p at some prefixes (``kind``), so the rule's corner cases all occur."""
+    out = {}
+    for n in range(depth):
+        for prefix in itertools.product(range(vocab), repeat=n):
+            row = rng.dirichlet(np.full(vocab, 0.7))
+            if kind == "zeros" and rng.random() < 0.4:
+                row[rng.integers(vocab)] = 0.0
+            out[prefix] = row / row.sum()
+    return out
+
+
+def block_exact_joint(p_of, q_of, vocab: int, k: int, rule: str) -> tuple[np.ndarray, float]:
+    """The exact distribution of the first K + 1 tokens when one step drafts K from q and
+    verifies with ``rule`` (block or token by token), the target sampling the rest; and the
+    expected drafts kept."""
+    joint, kept = np.zeros((vocab,) * (k + 1)), 0.0
+    for chain in itertools.product(range(vocab), repeat=k):
+        q_rows = np.array([q_of[chain[:i]] for i in range(k)])
+        p_rows = np.array([p_of[chain[:i]] for i in range(k + 1)])
+        weight = np.prod([q_rows[i, chain[i]] for i in range(k)])
+        if weight == 0:
+            continue
+        if rule == "block":
+            stops = block_stop_probabilities(chain, q_rows, p_rows)
+        else:  # token by token: keep i with min(1, p/q) until the first refusal
+            keep = [min(1.0, p_rows[i, chain[i]] / q_rows[i, chain[i]]) for i in range(k)]
+            stops = np.array([np.prod(keep[:n]) * (1 - keep[n] if n < k else 1) for n in range(k + 1)])
+        for n, pn in enumerate(stops):
+            if pn == 0:
+                continue
+            eta = [0.0 if i == n - 1 else 2.0 for i in range(k)]  # forces the stop at n
+            if rule == "block":
+                got, row = block_decide_reference(chain, q_rows, p_rows, eta)
+            else:
+                got, row = rejection_decide_reference(chain, q_rows, p_rows, [0.0] * n + [1.0] * (k - n))
+            assert got == n
+            kept += weight * pn * n
+            for y in range(vocab):
+                out = chain[:n] + (y,)
+                for rest in itertools.product(range(vocab), repeat=k - n):
+                    seq = out + rest
+                    tail = np.prod([p_of[seq[:j]][seq[j]] for j in range(n + 1, k + 1)]) if rest else 1.0
+                    joint[seq] += weight * pn * row[y] * tail
+    return joint, kept
+
+
+@pytest.mark.parametrize("k, kind", [(1, "random"), (2, "random"), (3, "random"), (2, "zeros"), (3, "equal")])
+def test_block_verification_is_exact_and_keeps_at_least_as_many_drafts(k, kind):
+    vocab, rng = 3, np.random.default_rng(10 * k + len(kind))
+    for _ in range(4):
+        p_of = random_conditionals(rng, vocab, k + 2, "zeros" if kind == "zeros" else "random")
+        q_of = random_conditionals(rng, vocab, k + 1, "random")
+        if kind == "equal":  # the drafter is exactly the target at some prefixes
+            q_of = {pre: (p_of[pre] if rng.random() < 0.5 else row) for pre, row in q_of.items()}
+        target = np.zeros((vocab,) * (k + 1))
+        for seq in itertools.product(range(vocab), repeat=k + 1):
+            target[seq] = np.prod([p_of[seq[:j]][seq[j]] for j in range(k + 1)])
+        block, kept_block = block_exact_joint(p_of, q_of, vocab, k, "block")
+        token, kept_token = block_exact_joint(p_of, q_of, vocab, k, "token")
+        assert 0.5 * np.abs(block - target).sum() < 1e-12
+        assert 0.5 * np.abs(token - target).sum() < 1e-12  # the harness itself, on the known-exact rule
+        assert kept_block >= kept_token - 1e-12
+        if k == 1:
+            assert abs(kept_block - kept_token) < 1e-12  # one draft: the same rule
+
+
+def test_block_decide_is_its_reference_and_verify_is_lazy_and_seeded():
+    rng = np.random.default_rng(3)
+    for k in (1, 2, 4, 6):
+        for _ in range(20):
+            vocab = 7
+            q = rng.dirichlet(np.full(vocab, 0.5), size=k).astype(np.float32)
+            p = rng.dirichlet(np.full(vocab, 0.5), size=k + 1).astype(np.float32)
+            draft = np.array([rng.choice(vocab, p=q[i] / q[i].sum()) for i in range(k)])
+            eta = rng.random(k).astype(np.float32)
+            n, row = block_decide(mx.array(draft), mx.array(q), mx.array(p), mx.array(eta))
+            want_n, want_row = block_decide_reference(draft, q, p, eta)
+            assert n.item() == want_n
+            np.testing.assert_allclose(np.array(row), want_row, atol=1e-5)
+    draft, q, p = mx.array([1, 2]), mx.array(q[:2]), mx.array(p[:3])
+    key = mx.random.key(5)
+    first = [x.item() for x in block_verify(draft, q, p, key)]
+    assert first == [x.item() for x in block_verify(draft, q, p, key)]

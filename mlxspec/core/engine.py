@@ -208,7 +208,10 @@ def _verify(ops: ModuleType, model: Target, cache: list, y: int, proposal: Propo
                                                                   range(first, first + logits.shape[0])))
     else:
         p = ops.probs(logits, params)
-        n_acc, nxt = ops.rejection_verify(draft, ops.pad_vocab(proposal.q, p.shape[-1]), p, key)
+        # A chain sampled from q is judged as a block; a lookup's point masses token by token
+        # (the same rule then).
+        rule = ops.block_verify if params.block_verify and proposal.q is not None else ops.rejection_verify
+        n_acc, nxt = rule(draft, ops.pad_vocab(proposal.q, p.shape[-1]), p, key)
     return n_acc, nxt, hidden, logits
 
 
@@ -296,18 +299,16 @@ def _step_tokens(kept: list[int], refused: list[int], y: int, stop_ids: set[int]
 
 def generate(model: Target, prompt: list[int], params: SamplingParams, max_tokens: int, stop_ids: set[int],
              context: int, seed: int = 0, drafter: Drafter | None = None, k: int | KPolicy = 4,
-             kept: PromptCache | None = None, tree: TreeShape | None = None,
-             node_stats: bool = False, logprobs: int | None = None,
-             interrupt: Callable[[], bool] | None = None) -> Iterator[Event]:
+             kept: PromptCache | None = None, tree: TreeShape | None = None, node_stats: bool = False,
+             logprobs: int | None = None, interrupt: Callable[[], bool] | None = None) -> Iterator[Event]:
     """Speculative decoding with ``drafter`` (target-only decoding without one), drafting ``k``
     tokens a step, or as many as a ``KPolicy`` asks for each step, or a ``tree`` of that shape.
     ``kept``: a cache from an earlier call (a chat's last turn) to reuse, and to leave this
     call's cache in, with the hidden states of its tokens when the drafter reads them.
     ``node_stats``: give every step's tree its ``NodeStats`` (for ``mlxspec study``).
     ``logprobs``: None, or give every emitted ``Token`` the target's log-probability of it and
-    its ``logprobs`` most likely alternatives (0: none), from the verify pass. ``interrupt``:
-    asked between the prompt's chunks; True gives it up (``core.prefill.Interrupted``, the cache
-    dropped), as a server does for a client that left during a long prompt."""
+    its ``logprobs`` most likely alternatives (0: none), from the verify pass. ``interrupt``: asked
+    between the prompt's chunks; True gives it up (``prefill.Interrupted``; a server's client left)."""
     if drafter is None:
         yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept, logprobs, interrupt)
         return

@@ -21,12 +21,12 @@ from mlxspec.core.prefill import prefill  # noqa: F401
 from mlxspec.core.processors import process_logits, step_logprobs  # noqa: F401
 from mlxspec.core.sampling import (child_logprobs, coupled_scores, logprobs, node_probs, probs, sample,  # noqa: F401
                                    sample_children, top_children)
-from mlxspec.core.verify import (greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
+from mlxspec.core.verify import (block_verify, greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
                                  tree_greedy_verify, tree_residual_verify, tree_sample_verify)
 
 # The backend seam: ``torchpath/ops.py`` exports the same names with the same parameters
 # (``tests/test_layout.py`` checks), ``ops_for`` apart.
-__all__ = ["async_evaluate", "astype", "child_logprobs", "concatenate", "coupled_scores", "evaluate", "from_numpy",
+__all__ = ["async_evaluate", "astype", "block_verify", "child_logprobs", "concatenate", "coupled_scores", "evaluate", "from_numpy",
            "greedy_verify",
            "keep_rows", "key", "logprobs", "name", "node_probs", "node_stats", "ops_for", "pad_vocab", "prefill",
            "probs", "process_logits", "rejection_verify", "sample", "sample_children", "split", "stack",

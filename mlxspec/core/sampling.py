@@ -45,6 +45,9 @@ class SamplingParams:
     # At T > 0, draw each token by Gumbel-max with noise keyed by (seed, position) (``coupled_scores``):
     # the reply is target-only sampling's for that seed, whatever the drafter and K.
     coupled: bool = False
+    # At T > 0, verify a chain sampled from the drafter's q as a block (``verify.block_verify``),
+    # which keeps at least as many drafts as token-by-token rejection sampling, equally exact.
+    block_verify: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < float("inf"):  # also refuses NaN
@@ -90,11 +93,12 @@ class SamplingParams:
 
     @property
     def label(self) -> str:
-        """Temperature, filters and coupling: "T=1 min-p=0.1", "T=1 coupled"; "T=0" alone (greedy
-        decoding reads no filter)."""
+        """Temperature, filters, coupling and the chain rule: "T=1 min-p=0.1", "T=1 coupled", "T=1
+        block-verified"; "T=0" alone (greedy decoding reads no filter)."""
         if self.greedy:
             return "T=0"
-        return f"T={self.temperature:g}{self.filters_label}{' coupled' if self.coupled else ''}"
+        return (f"T={self.temperature:g}{self.filters_label}{' coupled' if self.coupled else ''}"
+                f"{' block-verified' if self.block_verify else ''}")
 
     @property
     def is_coupled(self) -> bool:

@@ -7,6 +7,9 @@ A verifier decides how many draft tokens to keep and which token to emit after t
 * ``greedy_verify``: keep the longest prefix that matches the target's argmax.
 * ``rejection_verify``: Leviathan et al. / Chen et al. speculative sampling, whose output is
   distributed exactly as sampling from the target alone.
+* ``block_verify``: block verification (Sun et al., arXiv 2403.10444): a chain sampled from q
+  judged as a whole, not token by token; as exact, never fewer tokens kept in expectation, and
+  the same rule as ``rejection_verify`` for a single draft.
 * ``tree_verify`` (``tree_greedy_verify``, ``tree_sample_verify``): a draft tree, verified in
   one pass, walked along the target's own choice at each node (argmax, or a sample of p).
 * ``tree_residual_verify``: a tree whose children were *sampled* from the draft's q at their
@@ -116,6 +119,56 @@ def rejection_verify(
     n_accepted, residual = _residual_decision(draft, q, p, u)
     next_token = mx.random.categorical(mx.log(residual), key=sample_key).astype(mx.int32)
     return n_accepted, next_token
+
+
+def _block_decision(draft: mx.array, q: mx.array, p: mx.array, eta: mx.array) -> tuple[mx.array, mx.array]:
+    """``block_decide`` with the residual row left unnormalised (as ``_residual_decision``).
+
+    The weight of the chain so far, w_0 = 1 and w_i = min(1, w_{i-1} p_{i-1}(d_i) / q_{i-1}(d_i)),
+    says how much of the target's mass the kept prefix still carries; the block stops at the
+    last i whose uniform falls under h_i = m_i / (m_i + 1 - w_i), m_i = sum_x max(0, w_i p_i(x) -
+    q_i(x)) (h_K = w_K), and the next token comes from norm(max(0, w_i p_i - q_i)) there (p_K
+    after all K)."""
+    draft = draft.astype(mx.int32)
+    p, q = p.astype(mx.float32), q.astype(mx.float32)
+    num_draft = draft.shape[0]
+    p_d = mx.take_along_axis(p[:-1], draft[:, None], axis=-1)[:, 0]
+    q_d = mx.take_along_axis(q, draft[:, None], axis=-1)[:, 0]
+    # q_d > 0 for a token drawn from q; where it is not, the ratio is 0 (the chain stops there).
+    ratio = mx.where(q_d > 0, p_d / mx.maximum(q_d, 1e-30), 0.0)
+    weights = [mx.array(1.0)]
+    for i in range(num_draft):  # K is small: a short chain of lazy scalar ops
+        weights.append(mx.minimum(weights[-1] * ratio[i], 1.0))
+    w = mx.stack(weights)  # (K + 1,): w_0 .. w_K
+    residual = mx.maximum(w[:num_draft, None] * p[:num_draft] - q, 0.0)  # rows 0 .. K-1
+    mass = residual.sum(axis=-1)
+    spare = mass + 1.0 - w[:num_draft]
+    h = mx.where(spare > MIN_RESIDUAL_MASS, mass / mx.maximum(spare, MIN_RESIDUAL_MASS), 0.0)
+    h = mx.concatenate([h[1:], w[num_draft:]])  # h_1 .. h_{K-1}, then h_K = w_K
+    stops = mx.where(eta <= h, mx.arange(1, num_draft + 1), 0)
+    n_accepted = stops.max().astype(mx.int32)
+    rows = mx.concatenate([residual, p[num_draft:]], axis=0)
+    row = mx.take(rows, n_accepted, axis=0)
+    return n_accepted, mx.where(row.sum() > MIN_RESIDUAL_MASS, row, mx.take(p, n_accepted, axis=0))
+
+
+def block_decide(draft: mx.array, q: mx.array, p: mx.array, eta: mx.array) -> tuple[mx.array, mx.array]:
+    """Block verification's decision for given uniforms ``eta`` (K,), apart from the draw, to
+    hold against ``block_decide_reference``. Returns (n_accepted, normalised next-token row)."""
+    n_accepted, row = _block_decision(draft, q, p, eta)
+    return n_accepted, row / row.sum()
+
+
+def block_verify(draft: mx.array, q: mx.array, p: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+    """Block verification of a chain ``draft`` (K,) sampled from ``q`` (K, V), against ``p``
+    (K + 1, V): (n_accepted, next_token), as ``rejection_verify`` returns them, exact in the
+    same sense (the emitted text is distributed as sampling the target alone) and keeping at
+    least as many drafts on average. A deterministic drafter (q None) has nothing to gain:
+    call ``rejection_verify``."""
+    accept_key, sample_key = mx.random.split(key)
+    eta = mx.random.uniform(shape=(draft.shape[0],), key=accept_key)
+    n_accepted, row = _block_decision(draft, q, p, eta)
+    return n_accepted, mx.random.categorical(mx.log(row), key=sample_key).astype(mx.int32)
 
 
 def tree_verify(tokens: mx.array, parents: Sequence[int], choices: mx.array) -> tuple[mx.array, mx.array]:
@@ -251,6 +304,48 @@ def rejection_decide_reference(
     if not residual.sum() > MIN_RESIDUAL_MASS:
         residual = p[n]
     return n, residual / residual.sum()
+
+
+def _block_reference(draft: np.ndarray, q: np.ndarray, p: np.ndarray) -> tuple[list[float], list[float]]:
+    """Block verification's weights w_0..w_K and stop thresholds h_0..h_K (h_0 unused), float64."""
+    k = len(draft)
+    w = [1.0]
+    for i in range(k):
+        w.append(min(1.0, w[-1] * p[i, draft[i]] / q[i, draft[i]]) if q[i, draft[i]] > 0 else 0.0)
+    h = [0.0] * (k + 1)
+    for i in range(1, k):
+        mass = np.maximum(w[i] * p[i] - q[i], 0.0).sum()
+        spare = mass + 1.0 - w[i]
+        h[i] = mass / spare if spare > MIN_RESIDUAL_MASS else 0.0
+    h[k] = w[k]
+    return w, h
+
+
+def block_decide_reference(draft: Sequence[int], q: np.ndarray, p: np.ndarray, eta: Sequence[float]
+                           ) -> tuple[int, np.ndarray]:
+    """``block_decide`` in numpy float64, as the rule is written (``_block_decision``)."""
+    draft, p, q = np.asarray(draft), np.asarray(p, np.float64), np.asarray(q, np.float64)
+    k = len(draft)
+    w, h = _block_reference(draft, q, p)
+    n = max([i for i in range(1, k + 1) if eta[i - 1] <= h[i]], default=0)
+    row = p[k] if n == k else np.maximum(w[n] * p[n] - q[n], 0.0)
+    if not row.sum() > MIN_RESIDUAL_MASS:
+        row = p[n]
+    return n, row / row.sum()
+
+
+def block_stop_probabilities(draft: Sequence[int], q: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """P(block verification keeps exactly n drafts), n = 0..K, over its independent uniforms:
+    the last i with eta_i <= h_i."""
+    draft, p, q = np.asarray(draft), np.asarray(p, np.float64), np.asarray(q, np.float64)
+    k = len(draft)
+    _, h = _block_reference(draft, q, p)
+    out, later = np.zeros(k + 1), 1.0  # later: P(no stop after i)
+    for i in range(k, 0, -1):
+        out[i] = later * h[i]
+        later *= 1.0 - h[i]
+    out[0] = later
+    return out
 
 
 def tree_output_distribution(tokens: Sequence[int], parents: Sequence[int], p: np.ndarray) -> dict[tuple[int, ...], float]:

@@ -16,11 +16,11 @@ from mlxspec.core.prefill import chunked
 from mlxspec.torchpath.cache import keep_rows  # noqa: F401  (re-exported for the engine)
 from mlxspec.torchpath.processors import process_logits, step_logprobs  # noqa: F401
 from mlxspec.torchpath.sampling import categorical, coupled_scores, generator, logprobs, probs, sample, split_key  # noqa: F401
-from mlxspec.torchpath.verify import (greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
+from mlxspec.torchpath.verify import (block_verify, greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
                                       tree_greedy_verify, tree_residual_verify, tree_sample_verify)
 
 # ``core.ops``'s names (its ``ops_for`` apart), with the same parameters.
-__all__ = ["async_evaluate", "astype", "child_logprobs", "concatenate", "coupled_scores", "evaluate", "from_numpy",
+__all__ = ["async_evaluate", "astype", "block_verify", "child_logprobs", "concatenate", "coupled_scores", "evaluate", "from_numpy",
            "greedy_verify",
            "keep_rows", "key", "logprobs", "name", "node_probs", "node_stats", "pad_vocab", "prefill", "probs",
            "process_logits", "rejection_verify", "sample", "sample_children", "split", "stack", "step_logprobs",

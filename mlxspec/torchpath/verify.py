@@ -86,6 +86,41 @@ def rejection_verify(
     return n_accepted, categorical(torch.log(residual_row), gen)
 
 
+def block_decide(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, eta: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification's decision for given uniforms ``eta`` (K,), as the MLX rule
+    (``core.verify._block_decision``): (n_accepted, normalised next-token row)."""
+    dtype = _work_dtype(p, q)
+    draft, p, q = draft.to(torch.int64), p.to(dtype), q.to(dtype)
+    num_draft = draft.shape[0]
+    p_d = p[:-1].gather(-1, draft[:, None])[:, 0]
+    q_d = q.gather(-1, draft[:, None])[:, 0]
+    ratio = torch.where(q_d > 0, p_d / q_d.clamp_min(1e-30), torch.zeros_like(p_d))
+    weights = [torch.ones((), dtype=dtype, device=p.device)]
+    for i in range(num_draft):
+        weights.append(torch.clamp_max(weights[-1] * ratio[i], 1.0))
+    w = torch.stack(weights)
+    residual = torch.clamp_min(w[:num_draft, None] * p[:num_draft] - q, 0.0)
+    mass = residual.sum(-1)
+    spare = mass + 1.0 - w[:num_draft]
+    h = torch.where(spare > MIN_RESIDUAL_MASS, mass / spare.clamp_min(MIN_RESIDUAL_MASS), torch.zeros_like(mass))
+    h = torch.cat([h[1:], w[num_draft:]])
+    steps = torch.arange(1, num_draft + 1, device=p.device)
+    n_accepted = torch.where(eta.to(dtype) <= h, steps, torch.zeros_like(steps)).max().to(torch.int32)
+    row = _at(torch.cat([residual, p[num_draft:]], dim=0), n_accepted)
+    row = torch.where(row.sum() > MIN_RESIDUAL_MASS, row, _at(p, n_accepted))
+    return n_accepted, row / row.sum()
+
+
+def block_verify(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, key: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification of a sampled chain (``core.verify.block_verify``); the uniforms and
+    the next token from one generator seeded by ``key``."""
+    gen = generator(key, p.device)
+    eta = torch.rand(draft.shape[0], generator=gen, dtype=_work_dtype(p, q), device=p.device)
+    n_accepted, row = block_decide(draft, q, p, eta)
+    return n_accepted, categorical(torch.log(row), gen)
+
+
 def tree_verify(
     tokens: torch.Tensor, parents: Sequence[int], choices: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
