@@ -94,7 +94,7 @@ def main() -> None:
     meter = CpuMeter()
     session = Session.open(SessionOptions("default", "auto", "auto", "default", None)).ready()
     draft = session.drafter.name
-    collect_run(session.stream(session.encode("Hello"), SamplingParams(), 8))  # warm-up
+    collect_run(session.use("none").stream(session.encode("Hello"), SamplingParams(), 8))  # warm-up
     runs: list[Timed] = []
     for setting, temp, min_p in SETTINGS:
         params = SamplingParams(temperature=temp, min_p=min_p)
