@@ -131,7 +131,7 @@ def chat(
     s = sampling
     run_chat(model, named_draft(draft, model), "auto" if k is None else k, s.temp, s.top_p, max_tokens, dtype,
              backend=backend, top_k=s.top_k, min_p=s.min_p, **({"tree": shape} if shape else {}),
-             **({"sampling": s.processors} if s.processors.processes or s.processors.coupled or s.processors.block_verify else {}),
+             **({"sampling": s.processors} if s.asked else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
 
 

@@ -159,6 +159,14 @@ class SamplingChoice:
     min_p: Optional[float]
     processors: Any
 
+    @property
+    def asked(self) -> bool:
+        """Whether any control beyond temperature and the filters was given (a penalty, a bias,
+        coupling, block verification)."""
+        from mlxspec.core.sampling import SamplingParams
+
+        return self.processors != SamplingParams()
+
     def for_model(self, model: str) -> tuple[Any, str]:
         """The ``SamplingParams`` for ``model``, and a line saying where each setting came from."""
         from mlxspec.targets.sampling_defaults import model_sampling
