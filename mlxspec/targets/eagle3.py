@@ -44,6 +44,7 @@ from mlxspec.targets import store
 from mlxspec.targets.families import architecture, lift_rope_parameters
 from mlxspec.targets.folders import tokenizer_fingerprint
 from mlxspec.targets.loading import read_config
+from mlxspec.targets.weights import FLOAT_DTYPES, save_safetensors
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator")
 WRITTEN_ARCHITECTURE = "LlamaForCausalLMEagle3"  # the name both vLLM's and SGLang's registries know
@@ -111,7 +112,7 @@ def export_eagle3(spec: str, target: Any, out: Path, layout: str, verifier: tupl
     dtype = str(layer.get("torch_dtype") or layer.get("dtype") or "float16")
     ours = {"mlxspec": meta["mlxspec"]} if isinstance(meta.get("mlxspec"), dict) else None
     return save_eagle3(load_eagle3(path, target), out, extra=ours, layout=layout, verifier=verifier,
-                       dtype=dtype if dtype in ("float16", "bfloat16", "float32") else "float16")
+                       dtype=dtype if dtype in FLOAT_DTYPES else "float16")
 
 
 def _int(meta: dict[str, Any], key: str, where: Path, default: int | None = None) -> int:
@@ -348,7 +349,7 @@ def save_eagle3(head: Eagle3Head, out: Path, embed_table: mx.array | None = None
     if layout == "speculators" and verifier is None:
         raise MlxspecError("the speculators layout names its verifier (the target's hub id or folder)")
     out.mkdir(parents=True, exist_ok=True)
-    cast = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}[dtype]
+    cast = FLOAT_DTYPES[dtype]
     weights = {k: v.astype(cast) for k, v in tree_flatten(head.parameters())}
     if "embed_tokens.weight" not in weights and embed_table is not None:
         weights["embed_tokens.weight"] = embed_table.astype(cast)
@@ -357,9 +358,7 @@ def save_eagle3(head: Eagle3Head, out: Path, embed_table: mx.array | None = None
     if layout == "speculators":
         weights = {"layers.0." + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k: v
                    for k, v in weights.items()}
-    tmp = out / (SAFETENSORS + ".partial.safetensors")
-    mx.save_safetensors(str(tmp), weights, metadata={"format": "pt"})
-    tmp.replace(out / SAFETENSORS)  # a reader never sees half a file
+    save_safetensors(out / SAFETENSORS, weights)
     if layout == "speculators":
         config = speculators_config(head, verifier[0], verifier[1], extra, dtype)
     else:

@@ -18,7 +18,7 @@ from mlxspec.core.model import FREQ_FACTORS, Llama, LlamaConfig, rope_type
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.families import FUSED_PROJECTIONS, architecture, mlx_lm_module
 from mlxspec.targets.mlxlm import MlxLmTarget
-from mlxspec.targets.weights import quantize_to_match
+from mlxspec.targets.weights import FLOAT_DTYPES, quantize_to_match, save_safetensors
 
 def mlx_lm_config(c: LlamaConfig) -> dict[str, Any]:
     """config.json for ``c`` as mlx-lm reads it: the keys of every family we implement (each
@@ -147,7 +147,6 @@ def export_hf_folder(model: Llama, tokenizer: TokenizerWrapper, out: Path, dtype
                            "cannot read from config.json")
     if _quantization_of(model):
         raise MlxspecError("load the model in float precision to write it for transformers (--dtype float32)")
-    cast = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}[dtype]
     out.mkdir(parents=True, exist_ok=True)
     config = {**mlx_lm_config(model.cfg), "architectures": [architecture(model.cfg.model_type)], "torch_dtype": dtype,
               "eos_token_id": list(tokenizer.eos_token_ids)}
@@ -155,10 +154,8 @@ def export_hf_folder(model: Llama, tokenizer: TokenizerWrapper, out: Path, dtype
         config["bos_token_id"] = tokenizer.bos_token_id
     if model.cfg.rope_traditional:
         config["rope_traditional"] = False
-    weights = {k: v.astype(cast) for k, v in _rotate_half_order(_mlx_lm_weights(model), model.cfg).items()}
-    tmp = out / "model.partial.safetensors"
-    mx.save_safetensors(str(tmp), weights, metadata={"format": "pt"})
-    tmp.replace(out / "model.safetensors")
+    weights = _rotate_half_order(_mlx_lm_weights(model), model.cfg)
+    save_safetensors(out / "model.safetensors", {k: v.astype(FLOAT_DTYPES[dtype]) for k, v in weights.items()})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer._tokenizer.save_pretrained(str(out))
     return out

@@ -24,6 +24,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.targets import store
 from mlxspec.targets.export import export_folder
 from mlxspec.targets.loading import read_config
+from mlxspec.targets.weights import FLOAT_DTYPES, save_safetensors
 
 DRAFT_FORMAT = "mlxspec-draft"
 DRAFT_WEIGHTS = "draft.safetensors"
@@ -49,12 +50,9 @@ def write_folder(module: nn.Module, vocab_ids: mx.array, out: Path, fmt: str, we
     """A trained module's folder: its own weights (cast to ``dtype``) with the head's vocabulary
     ids, ``config.json`` with ``meta`` and an optional model card. Atomic per file."""
     out.mkdir(parents=True, exist_ok=True)
-    cast = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}[dtype]
-    weights = {k: v.astype(cast) for k, v in tree_flatten(module.parameters())}
+    weights = {k: v.astype(FLOAT_DTYPES[dtype]) for k, v in tree_flatten(module.parameters())}
     weights["vocab_ids"] = vocab_ids
-    tmp = out / (weights_name + ".partial.safetensors")
-    mx.save_safetensors(str(tmp), weights, metadata={"format": fmt})
-    tmp.replace(out / weights_name)  # a reader never sees half a file
+    save_safetensors(out / weights_name, weights, fmt)
     (out / CONFIG).write_text(json.dumps({"format": fmt, "version": 1, **meta}, indent=2) + "\n")
     if card is not None:
         (out / CARD).write_text(card)

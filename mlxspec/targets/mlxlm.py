@@ -38,8 +38,8 @@ from mlx_lm.utils import _get_classes, dequantize_model, load_model, load_tokeni
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.families import FAMILIES
+from mlxspec.targets.weights import FLOAT_DTYPES
 
-_FLOATS = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 # Where configs keep the context length, most common first.
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
 DEFAULT_CONTEXT = 4096  # as our own loader assumes when a config names none
@@ -207,7 +207,7 @@ def _cast(module: nn.Module, dtype: str) -> None:
         return
     if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for m in module.modules()):
         dequantize_model(module)
-    module.set_dtype(_FLOATS[dtype])
+    module.set_dtype(FLOAT_DTYPES[dtype])
 
 
 def load_folder(path: Path, dtype: str) -> tuple[MlxLmTarget, Any, int]:

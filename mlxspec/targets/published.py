@@ -12,9 +12,9 @@ from mlxspec.targets.export import export_hf_folder
 from mlxspec.targets.folders import export_mlx_lm, resolve_draft
 from mlxspec.targets.loading import load
 from mlxspec.targets.mlxlm import require_native
+from mlxspec.targets.weights import FLOAT_DTYPES
 
 DRAFT_FORMATS = ("mlx-lm", *LAYOUTS)
-HF_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def write_draft(draft: str, model: str, out: Path, layout: str = "mlx-lm", verifier: str | None = None) -> str:
@@ -25,8 +25,9 @@ def write_draft(draft: str, model: str, out: Path, layout: str = "mlx-lm", verif
         refuse_eagle3_export(draft)  # before the target loads: nothing to convert
     target = load(model, "float32")
     if layout != "mlx-lm":
-        path = export_eagle3(draft, target, out, layout, verifier_for(model, target, verifier))
-        return f"wrote {path} (EAGLE-3 head, {layout} layout, verifier {verifier_for(model, target, verifier)[0]})"
+        named = verifier_for(model, target, verifier)
+        path = export_eagle3(draft, target, out, layout, named)
+        return f"wrote {path} (EAGLE-3 head, {layout} layout, verifier {named[0]})"
     require_native(target, "export-draft")
     path = export_mlx_lm(resolve_draft(draft, target), target, out)
     return f"wrote {path} (mlx-lm llama folder; try: mlx_lm.generate --model <target> --draft-model {path})"
@@ -34,8 +35,8 @@ def write_draft(draft: str, model: str, out: Path, layout: str = "mlx-lm", verif
 
 def write_target(model: str, out: Path, dtype: str = "float32") -> str:
     """The target as a Hugging Face folder (transformers, vLLM), a GGUF's weights dequantized."""
-    if dtype not in HF_DTYPES:
-        raise MlxspecError(f"unknown --dtype {dtype!r} for export-target; choose one of: {', '.join(HF_DTYPES)}")
+    if dtype not in FLOAT_DTYPES:
+        raise MlxspecError(f"unknown --dtype {dtype!r} for export-target; choose one of: {', '.join(FLOAT_DTYPES)}")
     target = load(model, "float32")
     require_native(target, "export-target")
     path = export_hf_folder(target.model, target.tokenizer, out, dtype)

@@ -3,6 +3,7 @@ quantized or dequantized to the dtype asked for."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -12,6 +13,8 @@ from mlx.utils import tree_flatten
 from mlxspec.core.model import Llama, LlamaConfig
 from mlxspec.errors import MlxspecError
 
+# The float dtypes a checkpoint is written in, by the names config.json and our flags use.
+FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 QUANT_MODES = ("affine", "mxfp4", "mxfp8", "nvfp4")  # what mx.dequantize and nn.quantize take
 _MICROSCALED = {(4, 32): "mxfp4", (8, 32): "mxfp8", (4, 16): "nvfp4"}  # (bits, group size): mode
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -102,3 +105,12 @@ def build_model(cfg: LlamaConfig, weights: dict[str, mx.array], dtype: str,
         raise MlxspecError(f"weights do not fit a {cfg.model_type} model: {err}") from None
     mx.eval(model.parameters())
     return model
+
+
+def save_safetensors(path: Path, weights: dict[str, mx.array], fmt: str = "pt") -> Path:
+    """``weights`` written to ``path`` through a file beside it, renamed once complete: a reader
+    never sees half a file."""
+    tmp = path.with_name(path.name + ".partial.safetensors")
+    mx.save_safetensors(str(tmp), weights, metadata={"format": fmt})
+    tmp.replace(path)
+    return path
