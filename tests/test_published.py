@@ -142,3 +142,19 @@ def test_speculators_loads_the_exported_head_with_its_taps(lm, tmp_path):
     assert set(seen["missing"]) <= {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
     assert seen["verifier"] == str((tmp_path / "hf").resolve())
     assert seen["taps"] == [2, 15, 27] and seen["rope_theta"] == 100000.0
+
+
+def test_a_speculators_export_needs_a_verifier_it_can_name(tmp_path):
+    """A target with no hub id (a GGUF file the registry does not list) is one line naming
+    --verifier; a folder given is named by its absolute path and its own architectures."""
+    from mlxspec.targets.eagle3 import verifier_for
+
+    target = SimpleNamespace(name="my.gguf", config=SimpleNamespace(model_type="llama"))
+    with pytest.raises(MlxspecError, match="name one with --verifier") as e:
+        verifier_for("my.gguf", target)
+    assert "\n" not in str(e.value)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
+    assert verifier_for("my.gguf", target, str(tmp_path / "hf")) == (str((tmp_path / "hf").resolve()),
+                                                                    ["MistralForCausalLM"])
+    assert verifier_for("my.gguf", target, "org/name") == ("org/name", ["LlamaForCausalLM"])
