@@ -48,7 +48,7 @@ def generate(
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Stop after this many new tokens."),
     sampling: Any = MODEL_SAMPLING,
     logprobs: Optional[int] = typer.Option(None, "--logprobs", show_default=False, help="With --json: give each emitted token the target's log-probability (log-softmax after the penalties and bias, before temperature and filters) and its N most likely alternatives (0..20)."),
-    seed: int = typer.Option(0, help="Random seed for sampling."),
+    seed: int = typer.Option(0, help="Random seed for sampling: the same seed, the same text, under --k auto too (it learns a run's timings when the run ends). --coupled: also whatever the drafter and K."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     dtype: str = DtypeOpt,
     draft: str = DraftOpt,

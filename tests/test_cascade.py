@@ -182,14 +182,11 @@ def test_sourced_k_learns_each_part_on_its_own_steps(target):
     assert isinstance(policy, SourcedK) and all(isinstance(p, AutoK) for p in policy.policies)
     lookup, head = policy.policies
     assert lookup.draft_ms < head.draft_ms  # lookup starts from a near-free draft cost
-    d.used = 0
-    for _ in range(30):
-        policy.observe(4, 4)
-        policy.observe_timing(0.05, 12.0, 4)
-    d.used = 1
-    for _ in range(30):
-        policy.observe(4, 0)
-        policy.observe_timing(8.0, 12.0, 4)
+    for part in (0, 1) * 30:  # the engine gives a run's timings when it ends, in step order
+        d.used = part
+        policy.observe(4, 4 if part == 0 else 0)
+    for part in (0, 1) * 30:
+        policy.observe_timing(0.05 if part == 0 else 8.0, 12.0, 4)
     assert lookup.acceptance()[0] > 0.9 and head.acceptance()[0] < 0.1
     assert lookup.draft_ms < 0.1 and head.draft_ms > 1.0
     assert math.isclose(lookup.scale, head.scale) and policy.scale == lookup.scale and policy.timed_steps == 60

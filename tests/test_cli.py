@@ -131,7 +131,7 @@ def test_coupled_sampling_gives_target_only_sampling_text_whatever_the_drafter()
     """--coupled with a seed: the default drafter under --k auto writes what --draft none writes."""
     args = ("generate", "Write a haiku about the sea.", "-t", "1", "--seed", "5", "-n", "16", "--coupled", "--json")
 
-    def text(*more):
+    def text(*more, args=args):
         r = invoke(*args, *more)
         assert r.exit_code == 0, r.output
         rows = [json.loads(line) for line in r.stdout.splitlines()]
@@ -141,6 +141,11 @@ def test_coupled_sampling_gives_target_only_sampling_text_whatever_the_drafter()
     alone, _ = text("--draft", "none")
     drafted, summary = text()
     assert drafted == alone and summary["generated_tokens"] > 0
+    # Without --coupled, rejection sampling: the same command and seed still write the same text,
+    # whatever the clock made of each run's K (--k auto learns a run's timings when it ends).
+    plain = tuple(a for a in args if a != "--coupled")
+    texts = {text("-n", "24", args=plain)[0] for _ in range(3)}
+    assert len(texts) == 1 and texts != {""}
 
 
 @pytest.mark.model

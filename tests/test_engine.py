@@ -195,6 +195,10 @@ def test_coupled_speculation_is_target_only_coupled_sampling(backend):
             out, kept = coupled_tokens(model, drafter, k)
             assert out == alone, (drafter.name, k)
             accepted += kept
+    # A drafter whose q is p draws what the target draws: (almost) every draft is kept.
+    layers = len(model.layers)
+    out, kept = coupled_tokens(model, ModelDrafter(model, "self", layers), 4)
+    assert out == alone and kept >= 0.9 * (len(out) - len(out) // 5)
     out, kept = coupled_tokens(model, ModelDrafter(model, "self:1", 1), 1, tree=parse_tree("3x2"))
     assert out == alone and accepted + kept > 0  # drafts were kept: the coupling was exercised
     assert coupled_tokens(model, None, 1, seed=12)[0] != alone  # the seed matters
@@ -228,3 +232,34 @@ def test_an_interrupted_prompt_stops_between_chunks_and_keeps_no_half_cache(with
     assert len(asked) == 1  # given up after its first chunk, not at the prompt's end
     assert kept.entries == []
     assert run(kept, lambda: False) == run()  # the next call starts clean
+
+
+def test_a_seed_fixes_a_sampled_reply_under_auto_k_whatever_the_clock(monkeypatch):
+    """``--k auto`` learns this call's timings only when it ends, so its K, and with it the
+    reply sampled with a seed, does not follow the clock; the timings still reach the policy."""
+    from types import SimpleNamespace
+
+    from tiny import lively_target
+
+    from mlxspec.core.autok import AutoK
+
+    model = lively_target(3).model
+    prompt = [(5 * i + 2) % 48 for i in range(12)]
+
+    def run(clock_seed: int) -> tuple[list[int], list[int], int]:
+        rng, now = random.Random(clock_seed), [0.0]
+
+        def clock() -> float:  # a machine whose load swings: steps of 0.5-40 ms
+            now[0] += rng.uniform(0.0005, 0.04)
+            return now[0]
+
+        monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=clock))
+        policy = AutoK([5.0, 5.5, 6.0, 6.5, 7.0], max_k=4)
+        steps = [ev for ev in engine.generate(model, prompt, SamplingParams(temperature=1.0), 40, set(), 512, 3,
+                                              ModelDrafter(model, "self:1", 1), policy) if isinstance(ev, Step)]
+        return [t.id for s in steps for t in s.tokens if t.emitted], [s.k for s in steps], policy.timed_steps
+
+    first, ks, timed = run(0)
+    for clock_seed in (1, 2, 3):
+        assert run(clock_seed)[:2] == (first, ks)
+    assert timed == len(ks) and len(set(ks)) > 1  # the timings were observed, and K did vary

@@ -100,8 +100,32 @@ def test_coupled_draws_follow_the_processed_distribution(scores, array, numpy):
     assert chisquare(counts[kept], plain[kept] / plain[kept].sum() * n).pvalue < 1e-6
 
 
-def test_coupling_is_labelled_and_drafts_are_argmax():
+def test_coupling_is_labelled_and_tree_drafts_are_the_drafters_top_choices():
     p = SamplingParams(temperature=1.0, min_p=0.1, coupled=True)
-    assert p.label == "T=1 min-p=0.1 coupled" and p.is_coupled and p.for_drafts().greedy
+    assert p.label == "T=1 min-p=0.1 coupled" and p.is_coupled and p.for_tree_drafts().greedy
     off = SamplingParams(coupled=True)  # greedy: nothing to couple
-    assert not off.is_coupled and off.for_drafts() is off and off.label == "T=0"
+    assert not off.is_coupled and off.for_tree_drafts() is off and off.label == "T=0"
+
+
+@pytest.mark.parametrize("scores, array, numpy", _coupled_backends())
+def test_a_coupled_key_draws_row_i_with_the_noise_of_its_position_plus_i(scores, array, numpy):
+    """A drafter's draws under coupling are the argmax of its own processed distribution plus
+    the noise the target draws those positions with: equal to the target's draw wherever the
+    rows are equal, and split in order, position by position."""
+    from mlxspec.core import ops as mlx_ops
+    from mlxspec.core.sampling import CoupledKey
+
+    backend_sample, backend_split = mlx_ops.sample, mlx_ops.split
+    if scores is not mlx_ops.coupled_scores:
+        from mlxspec.torchpath import ops as torch_ops
+
+        backend_sample, backend_split = torch_ops.sample, torch_ops.split
+    params = SamplingParams(temperature=0.8, min_p=0.05, coupled=True)
+    raw = np.random.default_rng(4).normal(size=(5, 40)).astype(np.float32)
+    key = CoupledKey(seed=9, position=30)
+    assert backend_split(key, 3) == [CoupledKey(9, 30), CoupledKey(9, 31), CoupledKey(9, 32)]
+    target = numpy(scores(array(raw), params, 9, range(30, 35))).argmax(-1)
+    rows = numpy(backend_sample(array(raw), params, key))
+    one_by_one = [int(numpy(backend_sample(array(raw[i]), params, sub))) for i, sub in enumerate(backend_split(key, 5))]
+    assert rows.tolist() == target.tolist() == one_by_one
+    assert numpy(backend_sample(array(raw), params, CoupledKey(10, 30))).tolist() != target.tolist()

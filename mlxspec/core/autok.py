@@ -31,6 +31,7 @@ verify ms / c(drafted). Pure Python: no MLX.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -225,6 +226,9 @@ class SourcedK:
 
     def __init__(self, policies: Sequence[AutoK], drafter: Any):
         self.policies, self.drafter = list(policies), drafter
+        # The part behind each observed step whose timing has not come yet: the engine gives a
+        # run's timings when it ends (``core.engine``), in step order.
+        self._untimed: deque[int] = deque()
 
     @property
     def max_k(self) -> int:
@@ -241,6 +245,7 @@ class SourcedK:
     def reset(self) -> None:
         for p in self.policies:
             p.reset()
+        self._untimed.clear()
 
     def fresh(self) -> SourcedK:
         return SourcedK([p.fresh() for p in self.policies], self.drafter)
@@ -250,11 +255,13 @@ class SourcedK:
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.policies[self.drafter.used].observe(drafted, accepted)
+        self._untimed.append(self.drafter.used)
 
     def observe_timing(self, draft_ms: float, verify_ms: float, drafted: int) -> None:
-        # a draft time only for the part that drafted (AutoK skips a non-finite one)
+        # a draft time only for the part that drafted that step (AutoK skips a non-finite one)
+        used = self._untimed.popleft() if self._untimed else self.drafter.used
         for i, p in enumerate(self.policies):
-            p.observe_timing(draft_ms if i == self.drafter.used else math.nan, verify_ms, drafted)
+            p.observe_timing(draft_ms if i == used else math.nan, verify_ms, drafted)
 
     def describe(self) -> dict[str, Any]:
         return {part.name: p.describe() for part, p in zip(self.drafter.parts, self.policies)}

@@ -9,6 +9,10 @@ Invariant: the target cache holds every committed token but the last, ``y``. A s
 tree's nodes go in the same pass, each seeing only its ancestors, and afterwards the cache
 keeps just the accepted path's rows.
 
+A K policy (``--k auto``) learns acceptance step by step but this call's timings only when it
+ends: K within a call then depends on the tokens alone, so a seed fixes a sampled reply (the
+random draws follow the steps, and the steps follow K). Later calls plan with the timings.
+
 Logits processors (penalties, logit bias: ``SamplingParams.processes``) and reported
 log-probabilities are extra work on the rows of the same pass, evaluated with the step's one
 sync; with neither asked for, the loop is what it was without them.
@@ -29,7 +33,7 @@ from mlxspec.core.events import Done, Event, NodeStats, Status, Step, Token, Tre
 from mlxspec.core.ops import ops_for
 from mlxspec.core.processors import emitted_logprobs, prefix_tails
 from mlxspec.core.prompt_cache import PromptCache, Reuse
-from mlxspec.core.sampling import GREEDY, SamplingParams
+from mlxspec.core.sampling import GREEDY, CoupledKey, SamplingParams
 from mlxspec.core.target import Target
 from mlxspec.core.tree import TreeShape, first_line, path_to, verify_mask, verify_positions
 from mlxspec.errors import MlxspecError
@@ -320,20 +324,19 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
     history, key = list(prompt), ops.key(seed)  # the cache holds history[:-1]
     # the hidden states of what the cache holds, for ``kept``, when the drafter reads them
     held_hidden = [prompt_hidden] if kept is not None and prompt_hidden is not None else None
-    emitted, accepted_lengths, t_first = 0, [], None
+    emitted, accepted_lengths, t_first, timings = 0, [], None, []
     try:
         while emitted < limit:
             key, draft_key, verify_key = ops.split(key, 3)
             # Never draft past what may still be emitted: the verify pass adds one token itself.
             room = max(0, min(tree.depth if tree else policy.next_k(), limit - emitted - 1))
-            proposal, draft_ms = _draft(ops, drafter, history, room, tree, params.for_drafts(), draft_key, node_stats)
+            proposal, draft_ms = _draft(ops, drafter, history, room, tree, params, draft_key, seed, node_stats)
             drafted, t_drafted = proposal.tokens.tolist(), time.perf_counter()  # evaluated by _draft
             path, y, hidden, stats, lps = _decide(ops, model, cache, history, proposal, drafted, params, verify_key,
                                                   drafter.wants_hidden, node_stats, logprobs, seed)
-            t_verified = time.perf_counter()
-            verify_ms = (t_verified - t_drafted) * 1e3
+            verify_ms = ((t_verified := time.perf_counter()) - t_drafted) * 1e3
             policy.observe(len(drafted), len(path))
-            policy.observe_timing(draft_ms, verify_ms, len(drafted))
+            timings.append((draft_ms, verify_ms, len(drafted)))
             kept_hidden = _commit(ops, cache, drafter, history, proposal, drafted, path, y, hidden)
             if held_hidden is not None:
                 held_hidden.append(kept_hidden)
@@ -353,18 +356,30 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
         if kept is not None:
             kept.keep(cache, history[:-1], ops.concatenate(held_hidden) if held_hidden else None,
                       drafter.wants_hidden)
-
+        for timing in timings:  # only now: a request's K follows its seed, not the clock (module docstring)
+            policy.observe_timing(*timing)
     end = time.perf_counter()
     yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),
                stop_reason=reason, steps=len(accepted_lengths), accepted_lengths=accepted_lengths)
 
 
+def _drawn_with(params: SamplingParams, tree: TreeShape | None, key: Any, seed: int,
+                position: int) -> tuple[SamplingParams, Any]:
+    """The sampling and key a step's drafts are drawn with. Coupled, a chain's drafts take the
+    noise the target draws their positions with (``CoupledKey``): a draft then hits the target's
+    draw wherever q and p agree on the noisy argmax, not only where p's argmax happens to win."""
+    if not params.is_coupled:
+        return params, key
+    return (params.for_tree_drafts(), key) if tree is not None else (params, CoupledKey(seed, position))
+
+
 def _draft(ops: ModuleType, drafter: Drafter, history: list[int], room: int, tree: TreeShape | None,
-           params: SamplingParams, key: Any, node_stats: bool) -> tuple[Proposal, float]:
+           params: SamplingParams, key: Any, seed: int, node_stats: bool) -> tuple[Proposal, float]:
     """The drafter's chain of ``room`` tokens, or its tree cut to ``room`` levels, evaluated (a
     sync of its own only so that draft and verify time are reported apart), and the
-    milliseconds it took."""
+    milliseconds it took. Under coupling, drawn as ``_drawn_with`` says."""
     t0 = time.perf_counter()
+    params, key = _drawn_with(params, tree, key, seed, len(history))
     if tree is None:
         proposal = drafter.propose(history, room, params, key)
     else:

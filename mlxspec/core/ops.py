@@ -19,7 +19,7 @@ import mlx.core as mx
 from mlxspec.core.cache import keep_rows  # noqa: F401  (re-exported for the engine)
 from mlxspec.core.prefill import prefill  # noqa: F401
 from mlxspec.core.processors import process_logits, step_logprobs  # noqa: F401
-from mlxspec.core.sampling import (child_logprobs, coupled_scores, logprobs, node_probs, probs, sample,  # noqa: F401
+from mlxspec.core.sampling import (CoupledKey, child_logprobs, coupled_scores, logprobs, node_probs, probs, sample,  # noqa: F401
                                    sample_children, top_children)
 from mlxspec.core.verify import (block_verify, greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
                                  tree_greedy_verify, tree_residual_verify, tree_sample_verify)
@@ -64,9 +64,9 @@ def key(seed: int) -> mx.array:
     return mx.random.key(seed % 2**64)
 
 
-def split(key: mx.array, n: int) -> mx.array:
-    """``n`` independent keys (iterable, one per row)."""
-    return mx.random.split(key, n)
+def split(key: mx.array | CoupledKey, n: int) -> mx.array | list[CoupledKey]:
+    """``n`` independent keys (iterable, one per row); a ``CoupledKey``'s next ``n`` positions."""
+    return key.split(n) if isinstance(key, CoupledKey) else mx.random.split(key, n)
 
 
 def node_stats(logits: mx.array, ids: mx.array, parents: tuple[int, ...],

@@ -105,9 +105,10 @@ class SamplingParams:
         """Whether tokens are drawn by ``coupled_scores`` (coupling means nothing when greedy)."""
         return self.coupled and not self.greedy
 
-    def for_drafts(self) -> SamplingParams:
-        """What a drafter drafts with: under coupling its argmax (the target keeps a draft only
-        where it equals the target's own coupled draw, so any draft is exact), else these."""
+    def for_tree_drafts(self) -> SamplingParams:
+        """What a tree's children are picked with: under coupling the drafter's top choices (a
+        sampled child would need its own position's noise, and any draft is exact there), else
+        these."""
         return replace(self, temperature=0.0) if self.is_coupled else self
 
     @property
@@ -157,6 +158,20 @@ def position_seed(seed: int, position: int) -> int:
     return int(words[0]) << 32 | int(words[1])
 
 
+@dataclass(frozen=True)
+class CoupledKey:
+    """The key a drafter gets under coupling: its i-th draft is drawn as the target draws the
+    token at ``position + i`` (``coupled_scores``'s noise for that position, on the drafter's q).
+    Where q is near p the two argmaxes agree about as often as rejection sampling keeps a draft,
+    while the target's draw, and so the reply, still depends on nothing but (seed, position)."""
+
+    seed: int
+    position: int
+
+    def split(self, n: int) -> list[CoupledKey]:
+        return [CoupledKey(self.seed, self.position + i) for i in range(n)]
+
+
 def coupled_scores(logits: mx.array, params: SamplingParams, seed: int, positions: Sequence[int]) -> mx.array:
     """(n, V) logits of the tokens at ``positions`` -> their processed log-probabilities plus
     Gumbel noise drawn from (seed, position) alone. A row's argmax is a draw from p (the
@@ -170,10 +185,15 @@ def coupled_scores(logits: mx.array, params: SamplingParams, seed: int, position
     return lp + mx.stack(noise).astype(lp.dtype)
 
 
-def sample(logits: mx.array, params: SamplingParams, key: mx.array | None) -> mx.array:
-    """One token per row of ``logits`` (int32), argmax when greedy."""
+def sample(logits: mx.array, params: SamplingParams, key: mx.array | CoupledKey | None) -> mx.array:
+    """One token per row of ``logits`` (int32), argmax when greedy; with a ``CoupledKey``, row i
+    is drawn by the noise of position ``key.position + i``."""
     if params.greedy:
         return mx.argmax(logits, axis=-1).astype(mx.int32)
+    if isinstance(key, CoupledKey):
+        rows = logits.reshape(-1, logits.shape[-1])
+        scores = coupled_scores(rows, params, key.seed, range(key.position, key.position + rows.shape[0]))
+        return mx.argmax(scores, axis=-1).astype(mx.int32).reshape(logits.shape[:-1])
     return mx.random.categorical(logprobs(logits, params), key=key).astype(mx.int32)
 
 

@@ -15,6 +15,7 @@ import torch
 from mlxspec.core.prefill import chunked
 from mlxspec.torchpath.cache import keep_rows  # noqa: F401  (re-exported for the engine)
 from mlxspec.torchpath.processors import process_logits, step_logprobs  # noqa: F401
+from mlxspec.core.sampling import CoupledKey
 from mlxspec.torchpath.sampling import categorical, coupled_scores, generator, logprobs, probs, sample, split_key  # noqa: F401
 from mlxspec.torchpath.verify import (block_verify, greedy_verify, pad_vocab, rejection_verify,  # noqa: F401
                                       tree_greedy_verify, tree_residual_verify, tree_sample_verify)
@@ -72,8 +73,8 @@ def key(seed: int) -> int:
     return seed % 2**64
 
 
-def split(key: int, n: int) -> list[int]:
-    return split_key(key, n)
+def split(key: int | CoupledKey, n: int) -> list[int] | list[CoupledKey]:
+    return key.split(n) if isinstance(key, CoupledKey) else split_key(key, n)
 
 
 def prefill(model: Any, cache: list, ids: list[int], num_layers: int | None = None,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mlxspec.core.sampling import SamplingParams, position_seed
+from mlxspec.core.sampling import CoupledKey, SamplingParams, position_seed
 
 _KEY_BOUND = 2**63
 
@@ -106,10 +106,15 @@ def categorical(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.argmax(logp + gumbel, dim=-1).to(torch.int32)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, key: int | None) -> torch.Tensor:
-    """One token per row of ``logits`` (int32), argmax when greedy (``key`` unused then)."""
+def sample(logits: torch.Tensor, params: SamplingParams, key: int | CoupledKey | None) -> torch.Tensor:
+    """One token per row of ``logits`` (int32), argmax when greedy (``key`` unused then); with a
+    ``CoupledKey`` as ``core.sampling.sample``."""
     if params.greedy:
         return torch.argmax(logits, dim=-1).to(torch.int32)
+    if isinstance(key, CoupledKey):
+        rows = logits.reshape(-1, logits.shape[-1])
+        scores = coupled_scores(rows, params, key.seed, range(key.position, key.position + rows.shape[0]))
+        return torch.argmax(scores, dim=-1).to(torch.int32).reshape(logits.shape[:-1])
     if key is None:
         raise ValueError("sampling at temperature > 0 needs a key")
     return categorical(logprobs(logits, params), generator(key, logits.device))
