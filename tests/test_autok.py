@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 
 import pytest
@@ -158,8 +159,24 @@ def test_observed_timings_move_the_choice():
     assert p.draft_ms == pytest.approx(62.0, rel=0.01) and p.next_k() == 0
     q = AutoK(MEASURED, probe_every=None)  # draft time unknown: a tenth of a target pass
     assert q.draft_ms == pytest.approx(6.2)
+    q.observe_timing(40.0, 2 * MEASURED[1], 1)  # the first step catches up on the prompt: not learned
+    assert q.draft_ms == pytest.approx(6.2) and q.scale > 1.0
     q.observe_timing(2.0, 2 * MEASURED[1], 1)  # first draft timing replaces the prior
-    assert q.draft_ms == pytest.approx(2.0) and q.scale > 1.0
+    assert q.draft_ms == pytest.approx(2.0)
+
+
+def test_a_draft_after_plain_steps_is_not_charged_for_catching_up():
+    """A head that sat out plain steps first runs the features it missed; that time belongs to
+    those steps, and charging it to the drafted tokens would keep K at 0 (the probe looks dear)."""
+    p = AutoK(MEASURED, probe_every=None)
+    for _ in range(10):
+        p.observe_timing(2.0 * 3, MEASURED[3], 3)
+    for _ in range(40):
+        p.observe_timing(math.nan, MEASURED[0], 0)  # plain steps
+    p.observe_timing(60.0, MEASURED[1], 1)  # the probe: 40 slots of catching up, then one draft
+    assert p.draft_ms == pytest.approx(2.0)
+    p.observe_timing(2.5, MEASURED[1], 1)  # drafting on: learned again
+    assert 2.0 < p.draft_ms < 2.5
 
 
 def test_fresh_keeps_timings_and_forgets_acceptance():

@@ -182,10 +182,11 @@ def test_sourced_k_learns_each_part_on_its_own_steps(target):
     assert isinstance(policy, SourcedK) and all(isinstance(p, AutoK) for p in policy.policies)
     lookup, head = policy.policies
     assert lookup.draft_ms < head.draft_ms  # lookup starts from a near-free draft cost
-    for part in (0, 1) * 30:  # the engine gives a run's timings when it ends, in step order
+    parts = [0] * 30 + [1] * 30
+    for part in parts:  # the engine gives a run's timings when it ends, in step order
         d.used = part
         policy.observe(4, 4 if part == 0 else 0)
-    for part in (0, 1) * 30:
+    for part in parts:
         policy.observe_timing(0.05 if part == 0 else 8.0, 12.0, 4)
     assert lookup.acceptance()[0] > 0.9 and head.acceptance()[0] < 0.1
     assert lookup.draft_ms < 0.1 and head.draft_ms > 1.0

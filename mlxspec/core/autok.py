@@ -23,9 +23,10 @@ policy drafts once at its best K > 0; the interval doubles (up to ``probe_max``)
 does not change its mind, and resets when drafting pays again. A drafter that could not pay even
 if every draft were accepted is never probed.
 
-Timings (optional): ``observe_timing(draft_ms, verify_ms, drafted)`` after each step keeps d as
-a running mean of draft ms per drafted token and s as a running geometric mean of measured
-verify ms / c(drafted). Pure Python: no MLX.
+Timings (optional): ``observe_timing(draft_ms, verify_ms, drafted)`` for each step, in order
+(the engine gives a run's when it ends), keeps d as a running mean of draft ms per drafted token,
+from steps that follow one this drafter drafted too, and s as a running geometric mean of
+measured verify ms / c(drafted). Pure Python: no MLX.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class AutoK:
         self.draft_prior_ratio = draft_prior_ratio
         self.draft_ms = self.cost[0] * draft_prior_ratio if draft_ms_per_token is None else float(draft_ms_per_token)
         self._draft_seen = draft_ms_per_token is not None
+        self._drafted_last = False  # whether this drafter drafted the last step timed
         self.log_scale = 0.0
         self.timed_steps = 0  # verify timings seen: how far ``scale`` can be trusted
         self.reset()
@@ -201,10 +203,15 @@ class AutoK:
     def observe_timing(self, draft_ms: float, verify_ms: float, drafted: int) -> None:
         """One step's measured draft and verify milliseconds with ``drafted`` tokens drafted
         (what the engine reports in ``Step``)."""
-        if drafted > 0 and math.isfinite(draft_ms) and draft_ms >= 0:
+        mine = drafted > 0 and math.isfinite(draft_ms) and draft_ms >= 0
+        # A drafter that sat out the step before first catches up on what it did not see (a head
+        # runs the target features of those tokens): a cost of the plain steps, not of drafting,
+        # and charging it to K would make every probe look dear and keep K at 0.
+        if mine and self._drafted_last:
             per = draft_ms / drafted
             self.draft_ms = per if not self._draft_seen else self.draft_ms + self.timing_rate * (per - self.draft_ms)
             self._draft_seen = True
+        self._drafted_last = mine
         if math.isfinite(verify_ms) and verify_ms > 0:
             ratio = min(max(verify_ms / self._c(max(0, drafted)), 0.125), 8.0)
             self.log_scale += self.timing_rate * (math.log(ratio) - self.log_scale)

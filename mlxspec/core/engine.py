@@ -20,6 +20,7 @@ sync; with neither asked for, the loop is what it was without them.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -356,8 +357,8 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
         if kept is not None:
             kept.keep(cache, history[:-1], ops.concatenate(held_hidden) if held_hidden else None,
                       drafter.wants_hidden)
-        for timing in timings:  # only now: a request's K follows its seed, not the clock (module docstring)
-            policy.observe_timing(*timing)
+        for i, (d, v, n) in enumerate(timings):  # only now: K follows the seed, not the clock (module docstring)
+            policy.observe_timing(d if i else math.nan, v, n)  # a first draft also reads the prompt's features
     end = time.perf_counter()
     yield Done(len(prompt), emitted, prefill_s=(t_first or end) - t0, decode_s=end - (t_first or end),
                stop_reason=reason, steps=len(accepted_lengths), accepted_lengths=accepted_lengths)
