@@ -18,12 +18,12 @@ from rich.text import Text
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
 from mlxspec.core.events import Status, Step, Token
 from mlxspec.core.sampling import SamplingParams
-from mlxspec.tui.chat.app import ChatApp
+from mlxspec.tui.chat.app import STARTUP_SOURCE, TIMED_SOURCE, ChatApp
 from mlxspec.tui.chat.fake import SCRIPT, TREE_SCRIPT, FakeSource
 from mlxspec.tui.chat.messages import Piece, StepData, TurnResult
 from mlxspec.tui.chat.source import K_MAX, ModelSource, Settings
 from mlxspec.tui.chat.stats import Baseline, TurnStats
-from mlxspec.tui.chat.widgets import Answer, ErrorMessage, Prompt, TreePanel, status_style
+from mlxspec.tui.chat.widgets import Answer, ErrorMessage, Note, Prompt, TreePanel, status_style
 
 SIZE = (120, 40)
 
@@ -212,7 +212,7 @@ def test_chat_screen_with_scripted_events():
                            "accepted  corrected  bonus  plain  rejected (hidden: ^r)",
                            "speculation    on", "K              4", "acceptance     70%",
                            "accepted/step  1.75", "tokens/step    2.75", "tok/s turn     20.9",
-                           "speedup        2.30x", "vs target-only 9.1 tok/s", "(measured at start-up)",
+                           "speedup        2.30x", "vs target-only 9.1 tok/s", f"({STARTUP_SOURCE})",
                            "draft ms/step  1.8", "verify ms/step 136.2",
                            "Accepted by draft position", "Accepted length per step",
                            "^k K+", "^j K-", "^b spec", "^t temp", "^d draft", "^r rejected",
@@ -455,7 +455,7 @@ def test_turn_error_is_shown_and_the_app_survives():
 
 def test_unexpected_worker_error_is_shown():
     class Broken(FakeSource):
-        def events(self, messages, settings):
+        def events(self, messages, settings, keep=True):
             raise RuntimeError("boom")
 
     async def go():
@@ -809,8 +809,8 @@ class Recording:
     def decoder(self):
         return self.inner.decoder()
 
-    def events(self, messages, settings):
-        for ev in self.inner.events(messages, settings):
+    def events(self, messages, settings, keep=True):
+        for ev in self.inner.events(messages, settings, keep):
             self.events_seen.append(ev)
             yield ev
 
@@ -829,11 +829,17 @@ def test_chat_turn_on_the_real_model(lm):
         app = ChatApp(src, settings)
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot, app)
-            assert app.info.baseline_ms > 0 and app.baseline.source == "measured at start-up"
+            assert app.info.baseline_ms > 0 and app.baseline.source == STARTUP_SOURCE
             assert app.info.target in app.sub_title and app.info.backend in app.sub_title
             await ask(pilot, app, prompt)
             await turn_done(pilot, app)
             answer = app.query_one(Answer)
+            turn_steps, kept = len(src.events_seen), [list(e.tokens) for e in src.inner.kept.entries]
+            await pilot.press("ctrl+f")  # the question again, target-only: the baseline, the cache untouched
+            await turn_done(pilot, app)
+            assert app.baseline.source == TIMED_SOURCE and [list(e.tokens) for e in src.inner.kept.entries] == kept and kept
+            assert len(app.query(Answer)) == 1 and len(src.events_seen) > turn_steps
+            src.events_seen[turn_steps:] = []
             return app, src, answer, spans(answer)
 
     app, src, answer, shown = run(go())
@@ -1041,7 +1047,7 @@ def test_undrafted_steps_of_a_speculative_turn_become_the_baseline():
         app, _ = fake_app(script=SCRIPT + plain * extra, settings=Settings(draft="ngram:3", k="auto"))
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot, app)
-            assert app.baseline.source == "measured at start-up" and app.baseline.ms_per_token == 110.0
+            assert app.baseline.source == STARTUP_SOURCE and app.baseline.ms_per_token == 110.0
             await ask(pilot, app, "hi")
             await turn_done(pilot, app)
             return app.baseline, panel_rows(app), screen_text(app)
@@ -1051,7 +1057,7 @@ def test_undrafted_steps_of_a_speculative_turn_become_the_baseline():
     assert "vs target-only 11.1 tok/s" in screen and "(measured: this chat's K=0 steps)" in screen
     assert rows["speedup"].endswith("x")
     baseline, _, _ = run(go(3))
-    assert baseline.source == "measured at start-up"
+    assert baseline.source == STARTUP_SOURCE
 
     async def live():  # while the turn runs, the panel's speedup already uses its passes
         app, _ = fake_app(script=SCRIPT + plain * 20, settings=Settings(draft="ngram:3", k="auto"), delay=0.05)
@@ -1059,7 +1065,7 @@ def test_undrafted_steps_of_a_speculative_turn_become_the_baseline():
             await ready(pilot, app)
             await ask(pilot, app, "hi")
             await wait_for(pilot, lambda: app.stats is not None and len(app.stats.steps) >= len(SCRIPT) + 6, 30)
-            assert app.running is not None and app.baseline.source == "measured at start-up"
+            assert app.running is not None and app.baseline.source == STARTUP_SOURCE
             assert app.live_baseline() == Baseline(90.0, "measured: this chat's K=0 steps")
             await turn_done(pilot, app)
 
@@ -1107,3 +1113,34 @@ def test_ctrl_g_turns_trees_on_and_off():
             assert app.settings.tree is None and not app.show_tree
 
     run(go())
+
+
+def test_ctrl_f_times_the_last_question_target_only_as_the_speedups_baseline():
+    """^f decodes the last question again with speculation off, the same settings and seed,
+    shown nowhere and leaving the conversation's cache as the turn left it; its speed becomes
+    the baseline, and the transcript says what the turn ran against it."""
+
+    async def go():
+        app, src = fake_app(settings=Settings(draft="ngram:3", k=3).with_temp(1.0))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await pilot.press("ctrl+f")  # nothing asked yet
+            assert app.running is None and len(src.requests) == 0
+            await ask(pilot, app, "hi")
+            await turn_done(pilot, app)
+            answers = len(app.query(Answer))
+            await pilot.press("ctrl+f")
+            await turn_done(pilot, app)
+            notes = [str(n.render()) for n in app.query(Note)]
+            return app, src, (answers, len(app.query(Answer))), screen_text(app), notes
+
+    app, src, (before, after), screen, notes = run(go())
+    (asked, turn), (again, timed) = src.requests
+    assert again == asked and src.kept == [True, False]
+    assert turn.speculate and not timed.speculate and timed.drafter == "none"
+    assert replace(timed, speculate=True) == turn  # the same sampling, seed and limits
+    assert before == after == 1 and len(app.turns) == 1 and app.history[-1]["role"] == "assistant"
+    assert app.baseline.source == TIMED_SOURCE and app.baseline.ms_per_token > 0
+    tps = 1000.0 / app.baseline.ms_per_token
+    assert notes[-1].endswith(f"the same settings and seed: {tps:.1f} tok/s; the turn ran 1.00x it.")
+    assert f"({TIMED_SOURCE})" in screen

@@ -39,6 +39,7 @@ from .messages import (
     ModelReady,
     StepData,
     StepGenerated,
+    TargetOnlyTimed,
     TurnEnded,
     TurnFailed,
     TurnResult,
@@ -66,6 +67,8 @@ from .widgets import Answer, Legend, Prompt, StatsPanel, Transcript, TreePanel, 
 # step it competes with decoding, batched it does not (BENCHMARKS.md, chat drawing overhead).
 RENDER_DELAY = 0.1
 STEPS_SOURCE = "measured: this chat's K=0 steps"  # a baseline from a speculative turn's undrafted steps
+TIMED_SOURCE = "measured: last question, ^f"  # the question re-decoded target-only
+STARTUP_SOURCE = "measured at start-up, greedy"  # a short reply at a short context
 STATS_INTERVAL = 0.5  # seconds between side-panel redraws while generating (each costs ~7 ms)
 DEFAULT_TREE = parse_tree("3x2", 8)  # what ^g first turns on: `mlxspec study`'s shape (the paper's)
 
@@ -76,6 +79,7 @@ class TurnRequest:
     messages: list[dict[str, str]]
     settings: Settings
     stop: threading.Event
+    timing: bool = False  # decode target-only to time it: nothing shown, the conversation's cache kept
 
 
 def _cycle(options: Sequence, current) -> object:
@@ -100,6 +104,7 @@ class ChatApp(App[None], inherit_bindings=False):
         Binding("escape", "stop", "stop"),
         Binding("ctrl+n", "new_chat", "new"),
         Binding("ctrl+s", "save", "save"),
+        Binding("ctrl+f", "time_target_only", "time the last question target-only: the speedup's baseline", show=False),
         Binding("ctrl+q", "quit", "quit", priority=True),
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
@@ -128,6 +133,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self.answer: Answer | None = None
         self.turn = 0  # number of the turn on screen
         self.running: TurnRequest | None = None  # the turn the worker is serving
+        self.asked: TurnRequest | None = None  # the last question's request, for ^f
         self._requests: queue.Queue[TurnRequest] = queue.Queue()
         self._stats_shown = 0.0  # time.monotonic() of the last side-panel redraw
         self._stats_timer: Timer | None = None
@@ -191,18 +197,19 @@ class ChatApp(App[None], inherit_bindings=False):
                 except Exception as e:  # never a traceback: the app survives and says what broke
                     self.post_message(TurnFailed(request.turn, f"{type(e).__name__}: {e}"))
                 else:
-                    self.post_message(TurnEnded(request.turn, result))
+                    self.post_message((TargetOnlyTimed if request.timing else TurnEnded)(request.turn, result))
         finally:
             self.source.close()
 
     def _serve(self, request: TurnRequest, worker) -> TurnResult:
         decoder = self.source.decoder()
         run = RunCollector()
-        events = self.source.events(request.messages, request.settings)
+        events = self.source.events(request.messages, request.settings, keep=not request.timing)
         for event in events:
             run.add(event)
             if isinstance(event, Step):
-                self.post_message(StepGenerated(request.turn, step_data(event, decoder, self.clock())))
+                if not request.timing:
+                    self.post_message(StepGenerated(request.turn, step_data(event, decoder, self.clock())))
                 if request.stop.is_set() or worker.is_cancelled:
                     getattr(events, "close", lambda: None)()
                     return TurnResult("stopped", decoder.finish())
@@ -214,7 +221,7 @@ class ChatApp(App[None], inherit_bindings=False):
     def on_model_ready(self, message: ModelReady) -> None:
         self.info = info = message.info
         if info.baseline_ms:
-            self.baseline = Baseline(info.baseline_ms, "measured at start-up")
+            self.baseline = Baseline(info.baseline_ms, STARTUP_SOURCE)
         self._update_header()
         self.loading_note.remove()  # loaded: the Ready line says so, and what with
         self.transcript.add_note(f"Ready: {info.target} ({info.dtype}, context {info.context_length}) "
@@ -277,9 +284,24 @@ class ChatApp(App[None], inherit_bindings=False):
             self.transcript.add_error("The context is full: start a new chat with ^n.")
         self._refresh_stats()
 
+    def on_target_only_timed(self, message: TargetOnlyTimed) -> None:
+        self._worker_idle(message.turn)
+        tps, turn = message.result.decode_tps, self.stats.result if self.stats is not None else None
+        if message.turn != self.turn or message.result.stop_reason == "stopped" or not tps:
+            self.notify("Timing stopped: the speedup's baseline is as it was.", timeout=3)
+            return
+        self.baseline = Baseline(1000.0 / tps, TIMED_SOURCE)
+        ran = f"; the turn ran {turn.decode_tps / tps:.2f}x it" if turn is not None and turn.decode_tps else ""
+        self.transcript.add_note(f"Target-only, the last question again with the same settings and seed: "
+                                 f"{tps:.1f} tok/s{ran}.")
+        self._refresh_stats()
+
     def on_turn_failed(self, message: TurnFailed) -> None:
         self._worker_idle(message.turn)
         if message.turn != self.turn:
+            return
+        if self.running is None and self.asked is not None and self.asked.timing:  # a failed ^f: the turn stands
+            self.notify(f"Could not time it: {message.error}", severity="error")
             return
         if self.answer is not None and not self.answer.pieces:
             self.answer.remove()
@@ -314,9 +336,25 @@ class ChatApp(App[None], inherit_bindings=False):
         self.turns.append((text, self.answer))
         self.query_one(TreePanel).show_note(self._tree_note(settings))
         self.stats = TurnStats(started=self.clock(), k=settings.turn_k)
-        self.running = TurnRequest(self.turn, list(self.history), settings, threading.Event())
+        self.running = self.asked = TurnRequest(self.turn, list(self.history), settings, threading.Event())
         self._requests.put(self.running)
         self._refresh_stats()
+
+    def action_time_target_only(self) -> None:
+        """Decode the last question again target-only, with its settings and seed, shown
+        nowhere and keeping the conversation's cache: the speedup's baseline is then that
+        question's own, at its context and sampling (a start-up baseline had neither)."""
+        if self.running is not None:
+            self.notify("Still generating: ^f times the last question once it is done.", severity="warning")
+            return
+        last = self.asked
+        if last is None or last.turn != self.turn or self.stats is None or self.stats.result is None:
+            self.notify("Ask something first: ^f times the last question target-only.", severity="warning")
+            return
+        self.running = self.asked = replace(last, settings=replace(last.settings, speculate=False),
+                                            stop=threading.Event(), timing=True)
+        self._requests.put(self.running)
+        self.notify("Timing the last question target-only… (Esc stops)", timeout=3)
 
     def action_change_k(self, delta: int) -> None:
         """K+/K-; with a tree, its depth. From auto, one more or less than the K auto was

@@ -105,6 +105,7 @@ class FakeSource:
         self.vocab = {i: t for t, i in self.ids.items()}
         self.now = 0.0  # virtual clock, seconds: advances by each step's draft + verify time
         self.requests: list[tuple[list[dict[str, str]], Settings]] = []
+        self.kept: list[bool] = []  # each request's ``keep``
 
     def clock(self) -> float:
         return self.now
@@ -136,8 +137,9 @@ class FakeSource:
             out.append(Step(tokens, k=k, accepted=accepted, draft_ms=draft_ms, verify_ms=verify_ms))
         return out
 
-    def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
+    def events(self, messages: list[dict[str, str]], settings: Settings, keep: bool = True) -> Iterator[Event]:
         self.requests.append((messages, settings))
+        self.kept.append(keep)
         return self._events()
 
     def _events(self) -> Iterator[Event]:

@@ -96,6 +96,14 @@ class TurnEnded(Message):
         super().__init__()
 
 
+class TargetOnlyTimed(Message):
+    """The last question decoded again target-only (``ChatApp.action_time_target_only``)."""
+
+    def __init__(self, turn: int, result: TurnResult) -> None:
+        self.turn, self.result = turn, result
+        super().__init__()
+
+
 class TurnFailed(Message):
     def __init__(self, turn: int, error: str) -> None:
         self.turn, self.error = turn, error

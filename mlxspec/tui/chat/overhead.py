@@ -54,7 +54,7 @@ def headless_run(lm, settings: Settings) -> dict:
 class _NoStop(ModelSource):
     """The same turn as ``headless_run``: EOS ignored, so both decode exactly max_tokens."""
 
-    def events(self, messages, settings):
+    def events(self, messages, settings, keep=True):  # no cache kept either way, as headless_run
         return self.drafting(settings).stream(messages, settings.params, settings.max_tokens,
                                               stop_ids=set())
 

@@ -108,8 +108,9 @@ class Source(Protocol):
     def decoder(self) -> TextDecoder:
         """A fresh text decoder for one turn."""
 
-    def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
-        """The engine's events for the assistant's reply to ``messages``."""
+    def events(self, messages: list[dict[str, str]], settings: Settings, keep: bool = True) -> Iterator[Event]:
+        """The engine's events for the assistant's reply to ``messages``; ``keep``: leave the
+        conversation's cache for the next turn (False: a reply nobody continues)."""
 
     def close(self) -> None:
         """The worker is done with the models (the app is exiting)."""
@@ -186,11 +187,11 @@ class ModelSource:
         k = None if settings.k == AUTO else settings.k
         return self.session.use(settings.drafter, k, tree)
 
-    def events(self, messages: list[dict[str, str]], settings: Settings) -> Iterator[Event]:
+    def events(self, messages: list[dict[str, str]], settings: Settings, keep: bool = True) -> Iterator[Event]:
         params = settings.params
         system = [{"role": "system", "content": settings.system}] if settings.system else []
         events = self.drafting(settings).stream(system + messages, params, settings.max_tokens, settings.seed,
-                                                keep=True)
+                                                keep=keep)
         try:
             yield from events
         finally:
