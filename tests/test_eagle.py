@@ -82,6 +82,34 @@ def test_greedy_with_the_eagle_drafter_is_target_only(target, k):
     assert any(ev.k > 0 for ev in events if isinstance(ev, Step))
 
 
+def test_the_head_drafts_through_the_targets_penalties_and_bias(target):
+    """With logits processors on, the head's row goes through them as the target's rows will
+    (the window being the history and the drafts before it): a token biased away is never
+    drafted, q is the processed distribution, and greedy drafts take the processed argmax."""
+    prompt = [3, 17, 9, 40, 2, 33]
+    head = random_head(target)
+
+    def propose(params, k=3):
+        drafter = EagleDrafter(head, "eagle")
+        drafter.reset(prompt, features(target, prompt[:-1]))
+        return drafter.propose(prompt, k, params, mx.random.key(0))
+
+    favourite = propose(GREEDY).tokens.tolist()[0]
+    banned = ((favourite, -100.0),)
+    greedy = propose(SamplingParams(logit_bias=banned)).tokens.tolist()
+    assert favourite not in greedy
+    sampled = propose(SamplingParams(temperature=1.0, logit_bias=banned, presence_penalty=2.0), k=4)
+    assert favourite not in sampled.tokens.tolist() and float(sampled.q[:, favourite].max()) == 0.0
+    # the second draft's q carries the presence penalty on the first draft (and on the history)
+    drafter = EagleDrafter(head, "eagle")
+    drafter.reset(prompt, features(target, prompt[:-1]))
+    plain_q = drafter.propose(prompt, 2, SamplingParams(temperature=1.0), mx.random.key(0)).q
+    drafter.reset(prompt, features(target, prompt[:-1]))
+    penal_q = drafter.propose(prompt, 2, SamplingParams(temperature=1.0, presence_penalty=2.0), mx.random.key(0)).q
+    seen = 40  # in the prompt and in the head's vocabulary (even ids)
+    assert float(penal_q[0, seen]) < float(plain_q[0, seen])
+
+
 @settings(max_examples=25, deadline=None)
 @given(prompt=st.lists(st.integers(1, VOCAB - 1), min_size=2, max_size=8),
        rounds=st.lists(st.tuples(st.integers(0, 5), st.floats(0, 1), st.integers(1, VOCAB - 1)), min_size=1, max_size=4))

@@ -131,6 +131,20 @@ def can_branch(drafter: Drafter) -> bool:
     return callable(getattr(drafter, "propose_tree", None))
 
 
+def processed_row(ops: ModuleType, logits: Any, params: SamplingParams, history: list[int], drafted: list[Any]) -> Any:
+    """A drafter's row of logits after ``history`` and the (lazy) tokens ``drafted`` so far,
+    through the target's logits processors, so that its guesses follow the penalties the target's
+    rows will have. Its q is then this processed distribution: exactness only needs q to be what
+    the draft was drawn from; agreeing with the target raises acceptance."""
+    if not params.processes:
+        return logits
+    width = params.window
+    from_history = max(0, width - len(drafted))
+    head = ops.tokens(history[max(0, len(history) - from_history):] if from_history else [])
+    tail = ops.concatenate([head] + [t.reshape(1) for t in drafted[len(drafted) - min(width, len(drafted)):]])
+    return ops.process_logits(logits[None], tail[None], None, params)[0]
+
+
 def child_picks(parents: tuple[int, ...], level: range, previous: range | None) -> tuple[list[int], list[int]]:
     """For the nodes of a breadth-first ``level``: the row of its parent among the
     ``previous`` level's nodes (0 for the root) and its rank among its siblings, to index

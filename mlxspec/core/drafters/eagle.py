@@ -22,7 +22,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from mlxspec.core.cache import check_trimmable, rewind
-from mlxspec.core.drafters.base import Commit, Proposal, auto_proposal, child_picks, grow_tree, no_draft
+from mlxspec.core.drafters.base import (Commit, Proposal, auto_proposal, child_picks, grow_tree, no_draft,
+                                         processed_row)
 from mlxspec.core.model import Block, LlamaConfig, Unowned
 from mlxspec.core.ops import ops_for
 from mlxspec.core.sampling import SamplingParams
@@ -141,11 +142,13 @@ class EagleDrafter:
         pred, z = self.head(features[None], tokens.reshape(1, -1), self.cache)
         return pred[0, -1:], z[0, -1]
 
-    def _pick(self, z: Any, params: SamplingParams, key: Any) -> tuple[Any, Any]:
-        if params.greedy:  # argmax over the head's own columns: no full-vocabulary row needed
+    def _pick(self, z: Any, params: SamplingParams, key: Any, history: list[int], drafted: list[Any]) -> tuple[Any, Any]:
+        """The next draft and the q it was drawn from (None when greedy), through the target's
+        penalties and bias when those are on (``processed_row``)."""
+        if params.greedy and not params.processes:  # argmax over the head's own columns: no full row needed
             return self.head.vocab_ids[z.argmax()], None
-        logits = self.head.full_logits(z)
-        return self.ops.sample(logits, params, key), self.ops.probs(logits, params)
+        logits = processed_row(self.ops, self.head.full_logits(z), params, history, drafted)
+        return self.ops.sample(logits, params, key), None if params.greedy else self.ops.probs(logits, params)
 
     def _run_pending(self) -> tuple[Any, Any]:
         """Run the slots of real target features not run yet: the head's guess of the first draft."""
@@ -164,7 +167,7 @@ class EagleDrafter:
         self.fed = k - 1
         tokens, dists = [], []
         for i, sub in enumerate(ops.split(key, k)):
-            tok, q = self._pick(z, params, sub)
+            tok, q = self._pick(z, params, sub, history, tokens)
             tokens.append(tok)
             if q is not None:
                 dists.append(q)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from mlxspec.core.cache import check_trimmable, common_prefix, rewind
-from mlxspec.core.drafters.base import Commit, Proposal, auto_proposal, child_picks, grow_tree, no_draft
+from mlxspec.core.drafters.base import (Commit, Proposal, auto_proposal, child_picks, grow_tree, no_draft,
+                                         processed_row)
 from mlxspec.core.ops import ops_for
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.tree import GrowingTree, TreeShape, levels, node_mask
@@ -56,7 +57,7 @@ class ModelDrafter:
         logits = self._forward(ops.tokens(self.pending))
         tokens, dists = [], []
         for i, sub in enumerate(ops.split(key, k)):
-            logits = self._processed(logits, params, history, tokens)
+            logits = processed_row(ops, logits, params, history, tokens)
             if not params.greedy:
                 dists.append(ops.probs(logits, params))
             tokens.append(ops.sample(logits, params, sub))
@@ -64,19 +65,6 @@ class ModelDrafter:
                 logits = self._forward(tokens[-1])
         self.fed, self.fed_rows = k - 1, {i: i for i in range(k - 1)}
         return Proposal(ops.stack(tokens), ops.stack(dists) if dists else None)
-
-    def _processed(self, logits: Any, params: SamplingParams, history: list[int], drafted: list[Any]) -> Any:
-        """The draft's row after ``history`` and the (lazy) tokens drafted so far, through the
-        target's logits processors, so that its guesses follow the penalties the target's rows
-        will have. Its q is then this processed distribution: exactness only needs q to be what
-        the draft was drawn from; agreeing with the target raises acceptance."""
-        if not params.processes:
-            return logits
-        width = params.window
-        from_history = max(0, width - len(drafted))
-        head = self.ops.tokens(history[max(0, len(history) - from_history):] if from_history else [])
-        tail = self.ops.concatenate([head] + [t.reshape(1) for t in drafted[len(drafted) - min(width, len(drafted)):]])
-        return self.ops.process_logits(logits[None], tail[None], None, params)[0]
 
     def propose_tree(self, history: list[int], shape: TreeShape, params: SamplingParams, key: Any,
                      draft_probs: bool = False) -> Proposal:
