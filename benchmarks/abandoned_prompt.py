@@ -5,9 +5,12 @@ Starts ``mlxspec serve``'s server in this process on the default model and draft
 it runs), then: a short request alone (its latency, median of the repeats); the long prompt to
 its end once (how long it would hold the server); and, repeated, the long prompt sent from a raw
 socket that closes after ``--after`` seconds, followed at once by the short request, whose
-latency less the short request's own is the delay the departed client caused.
+latency less the short request's own is the delay the departed client caused. Last, a client
+that gives up after ``--retry-after`` seconds and sends the same prompt again at once, as a
+client library's retry does: the server keeps the chunks it prefilled, so the retry takes the
+long prompt's time less theirs.
 
-    python benchmarks/abandoned_prompt.py [--tokens 6000] [--after 2] [--repeats 3] [--out FILE.json]
+    python benchmarks/abandoned_prompt.py [--tokens 6000] [--after 2] [--repeats 3] [--retry-after 20] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class AbandonedPrompt:
     short_after_s: list[float]  # its latency right after each abandonment
     delay_s: float  # median of short_after_s less short_alone_s
     interrupted_prefills: int  # abandoned prompts the server gave up inside their prefill
+    retry_after_s: float
+    retry_s: float  # the same long prompt sent again right after a client gave it up
 
 
 def complete(url: str, prompt: str, max_tokens: int) -> float:
@@ -66,6 +71,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=6000)
     ap.add_argument("--after", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--retry-after", type=float, default=20.0)
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -84,15 +90,18 @@ def main() -> None:
         for i in range(args.repeats):
             abandon(url, f"Note {i}: " + long_prompt, args.after)  # a new start: no kept cache serves it
             after.append(complete(url, "Hi", 2))
+        abandon(url, "Retry: " + long_prompt, args.retry_after)
+        retry_s = complete(url, "Retry: " + long_prompt, 1)
         result = AbandonedPrompt(time.strftime("%Y-%m-%d"), n, args.after, round(long_s, 2), round(alone, 3),
                                  [round(t, 2) for t in after], round(statistics.median(after) - alone, 2),
-                                 server.decoder.interrupted_prefills)
+                                 server.decoder.interrupted_prefills, args.retry_after, round(retry_s, 2))
     finally:
         server.shutdown()
         server.close()
     print(f"{n}-token prompt: {long_s:.1f} s to answer; abandoned after {args.after:g} s, the next short request "
           f"waited {result.delay_s:.2f} s more than alone ({alone:.2f} s); "
-          f"{result.interrupted_prefills} prompts given up inside their prefill")
+          f"{result.interrupted_prefills} prompts given up inside their prefill; given up after {args.retry_after:g} s "
+          f"and sent again, it took {retry_s:.1f} s")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(asdict(result), f, indent=2)

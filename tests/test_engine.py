@@ -206,32 +206,44 @@ def test_coupled_speculation_is_target_only_coupled_sampling(backend):
     assert coupled_tokens(model, None, 1, params=uncoupled)[0] != alone  # another stream than plain sampling's
 
 
-@pytest.mark.parametrize("with_drafter", [False, True])
-def test_an_interrupted_prompt_stops_between_chunks_and_keeps_no_half_cache(with_drafter):
+@pytest.mark.parametrize("drafter_kind", [None, "ngram", "eagle"])
+def test_an_interrupted_prompt_stops_between_chunks_and_keeps_what_it_prefilled(drafter_kind):
     """``interrupt`` is asked after each prompt chunk: True ends the call with ``Interrupted``
-    after that chunk, and the kept cache it had taken is dropped, not kept half filled."""
+    after that chunk, leaving the chunks prefilled in the kept cache (with their hidden states
+    for a head), so the same prompt sent again resumes there and decodes as a clean run does."""
+    import mlx.core as mx
     from tiny import lively_target
 
+    from mlxspec.core.drafters.eagle import EagleDrafter
     from mlxspec.core.prefill import PREFILL_CHUNK, Interrupted
     from mlxspec.core.prompt_cache import PromptCache
+    from mlxspec.training.eagle import new_head
 
-    model = lively_target(3).model
-    drafter = NgramDrafter(2) if with_drafter else None
+    target = lively_target(3)
+    model = target.model
+    drafter = {None: lambda: None, "ngram": lambda: NgramDrafter(2),
+               "eagle": lambda: EagleDrafter(new_head(target, mx.arange(48), seed=1), "eagle")}[drafter_kind]
     prompt = [(5 * i + 2) % 48 for i in range(2 * PREFILL_CHUNK + 40)]
     asked = []
 
     def run(kept=None, interrupt=None):
-        events = engine.generate(model, prompt, SamplingParams(), 8, set(), 4096, 0, drafter, 3, kept=kept,
+        events = engine.generate(model, prompt, SamplingParams(), 8, set(), 4096, 0, drafter(), 3, kept=kept,
                                  interrupt=interrupt)
         return [t.id for ev in events if isinstance(ev, Step) for t in ev.tokens if t.emitted]
 
     kept = PromptCache()
-    list(engine.generate(model, prompt[:30], SamplingParams(), 4, set(), 4096, 0, drafter, 3, kept=kept))
+    list(engine.generate(model, prompt[:30], SamplingParams(), 4, set(), 4096, 0, drafter(), 3, kept=kept))
+    held = len(kept.entries[0].tokens)
     with pytest.raises(Interrupted):
         run(kept, lambda: asked.append(1) or True)
     assert len(asked) == 1  # given up after its first chunk, not at the prompt's end
-    assert kept.entries == []
-    assert run(kept, lambda: False) == run()  # the next call starts clean
+    entry, = kept.entries
+    assert entry.tokens == prompt[: len(entry.tokens)] and len(entry.tokens) >= PREFILL_CHUNK
+    if drafter_kind == "eagle":
+        assert entry.hidden.shape[0] == len(entry.tokens)
+    resumed = []
+    assert run(kept, lambda: resumed.append(1) and False) == run()  # resumed: the reply of a clean run
+    assert len(resumed) < len(prompt) // PREFILL_CHUNK and held < PREFILL_CHUNK
 
 
 def test_a_seed_fixes_a_sampled_reply_under_auto_k_whatever_the_clock(monkeypatch):

@@ -32,6 +32,7 @@ from mlxspec.core.cache import check_trimmable
 from mlxspec.core.drafters import Commit, Drafter, FixedK, KPolicy, Proposal, can_branch, trait
 from mlxspec.core.events import Done, Event, NodeStats, Status, Step, Token, Tree
 from mlxspec.core.ops import ops_for
+from mlxspec.core.prefill import Interrupted
 from mlxspec.core.processors import emitted_logprobs, prefix_tails
 from mlxspec.core.prompt_cache import PromptCache, Reuse
 from mlxspec.core.sampling import GREEDY, CoupledKey, SamplingParams
@@ -83,7 +84,8 @@ def generate_plain(
 
     t0 = time.perf_counter()
     first_tail = ops.tokens(prompt[-params.window:])[None] if params.processes else None
-    y, key, y_lps = step(ops.prefill(model, cache, prompt[n_kept:], stop=interrupt), key, first_tail, len(prompt))
+    y, key, y_lps = step(_prefill(ops, model, cache, prompt[:n_kept], prompt[n_kept:], kept, interrupt=interrupt),
+                         key, first_tail, len(prompt))
     ops.async_evaluate(y, key, *_present(y_lps))
     n, reason, t_first, t_prev = 0, at_limit, None, None
     fed = list(prompt)  # what the cache holds once the pass in flight is done
@@ -173,6 +175,21 @@ def _tails(ops: ModuleType, history: list[int], drafted: list[int], parents: tup
     return ops.from_numpy(tails), ops.from_numpy(real)
 
 
+def _prefill(ops: ModuleType, model: Target, cache: list, held: list[int], ids: list[int], kept: PromptCache | None,
+             want: bool | tuple[int, ...] = False, hidden: Any = None,
+             interrupt: Callable[[], bool] | None = None) -> Any:
+    """``ops.prefill`` of ``ids`` into a cache holding ``held``. Given up (``Interrupted``), the
+    cache with the chunks it did prefill goes to ``kept``: the same prompt sent again (a client's
+    retry) resumes there instead of starting over."""
+    try:
+        return ops.prefill(model, cache, ids, return_hidden=want, stop=interrupt)
+    except Interrupted as stopped:
+        if kept is not None:
+            part = stopped.hidden if hidden is None or stopped.hidden is None else ops.concatenate([hidden, stopped.hidden])
+            kept.keep(cache, held + ids[: stopped.done], part, want)
+        raise
+
+
 def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
            kept: PromptCache | None, interrupt: Callable[[], bool] | None = None) -> tuple[list, Any]:
     """Prefill the target with all but the last prompt token (only those ``kept`` does not
@@ -185,7 +202,7 @@ def _start(ops: ModuleType, model: Target, drafter: Drafter, prompt: list[int],
                             NOT_TRIMMABLE_HINT)
     n, hidden = reuse.n, reuse.hidden
     if len(head) > n:
-        out = ops.prefill(model, cache, head[n:], return_hidden=want, stop=interrupt)
+        out = _prefill(ops, model, cache, head[:n], head[n:], kept, want, hidden, interrupt)
         if want:
             hidden = out[1] if hidden is None else ops.concatenate([hidden, out[1]])
         ops.evaluate([c.state for c in cache], hidden)
@@ -313,7 +330,7 @@ def generate(model: Target, prompt: list[int], params: SamplingParams, max_token
     ``node_stats``: give every step's tree its ``NodeStats`` (for ``mlxspec study``).
     ``logprobs``: None, or give every emitted ``Token`` the target's log-probability of it and
     its ``logprobs`` most likely alternatives (0: none), from the verify pass. ``interrupt``: asked
-    between the prompt's chunks; True gives it up (``prefill.Interrupted``; a server's client left)."""
+    between the prompt's chunks; True gives it up (``prefill.Interrupted``; see ``_prefill``)."""
     if drafter is None:
         yield from generate_plain(model, prompt, params, max_tokens, stop_ids, context, seed, kept, logprobs, interrupt)
         return

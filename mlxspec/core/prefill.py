@@ -14,8 +14,14 @@ PREFILL_CHUNK = 512
 
 
 class Interrupted(Exception):
-    """A prefill stopped between chunks because its caller asked (``stop``): the cache holds an
-    unfinished prompt and is to be dropped."""
+    """A prefill stopped between chunks because its caller asked (``stop``). The cache then
+    holds the prompt's first ``done`` ids (whole chunks), and ``hidden`` their hidden states when
+    they were asked for: a prefix worth keeping, so that the same prompt sent again (a client's
+    retry) starts where this one stopped."""
+
+    def __init__(self, done: int = 0, hidden: Any = None):
+        super().__init__(f"prefill stopped after {done} tokens")
+        self.done, self.hidden = done, hidden
 
 
 def prefill(
@@ -51,7 +57,7 @@ def chunked(model: Any, cache: list, ids: list[int], num_layers: int | None, ret
         if settle is not None:
             settle(cache, hidden)
         if stop is not None and stop():
-            raise Interrupted
+            raise Interrupted(start + PREFILL_CHUNK, concatenate(hidden) if return_hidden else None)
     out = model(batch(ids[tail:]), cache, num_layers=num_layers, **kw, **last)
     if not return_hidden:
         return out[0, -1]
