@@ -699,3 +699,18 @@ def test_a_browser_from_an_allowed_origin_gets_cors_headers_and_others_none(guar
     assert headers["access-control-allow-origin"] == "http://localhost:3000" and headers["vary"] == "Origin"
     _, headers, _ = exchange(guarded_server, "GET", "/v1/models", {"Origin": "http://evil.test", **key})
     assert "access-control-allow-origin" not in headers
+
+
+def test_a_long_prefill_logs_its_progress_and_stops_when_asked():
+    """``prefill_watch``, the decoder's ``interrupt``: a line every ``every`` chunks (how many
+    tokens in how long), and True once the request is to be given up."""
+    from mlxspec.core.prefill import PREFILL_CHUNK
+    from mlxspec.serve.decoder import prefill_watch
+
+    lines, stop, now = [], [False], iter(range(100))
+    watch = prefill_watch(lambda: stop[0], 5000, lines.append, every=2, clock=lambda: float(next(now)))
+    assert [watch() for _ in range(3)] == [False] * 3 and len(lines) == 1
+    assert lines[0].endswith(f"prefilling a 5000-token prompt: {2 * PREFILL_CHUNK} tokens in 1.0 s "
+                             f"({2 * PREFILL_CHUNK} tok/s)")
+    stop[0] = True
+    assert watch() and len(lines) == 2 and f"{4 * PREFILL_CHUNK} tokens in 2.0 s" in lines[1]

@@ -3,15 +3,17 @@ time, handing the engine's events back to the handler thread that waits for them
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec.core.events import Done, Event
 from mlxspec.core.ops import ops_for
-from mlxspec.core.prefill import Interrupted
+from mlxspec.core.prefill import PREFILL_CHUNK, Interrupted
 from mlxspec.core.prompt_cache import PromptCache
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
@@ -21,6 +23,24 @@ from mlxspec.session import Session
 from mlxspec.targets.costcurve import stderr_line
 
 Log = Callable[[str], None]
+PROGRESS_CHUNKS = 4  # prompt chunks between a long prefill's progress lines in the log (2,048 tokens)
+
+
+def prefill_watch(stop: Callable[[], bool], prompt_tokens: int, log: Log, every: int = PROGRESS_CHUNKS,
+                  clock: Callable[[], float] = time.perf_counter) -> Callable[[], bool]:
+    """The engine's ``interrupt`` for one request, asked after each prompt chunk: every ``every``
+    chunks it logs how far a long prompt has come (a server that looks stuck is prefilling), and
+    it says whether to give the prompt up (``stop``: its client left, or the server stops)."""
+    start, chunks = clock(), itertools.count(1)
+
+    def interrupt() -> bool:
+        if (n := next(chunks)) % every == 0:
+            done, s = n * PREFILL_CHUNK, clock() - start
+            log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} prefilling a {prompt_tokens}-token prompt: "
+                f"{done} tokens in {s:.1f} s ({done / s:.0f} tok/s)")
+        return stop()
+
+    return interrupt
 
 _END = object()  # a job's last item
 ALIVE_POLL_S = 0.5  # how often a waiting request checks that its client is still there
@@ -100,8 +120,9 @@ class Decoder:
         self._current: Job | None = None
         self._ready = threading.Event()
         self._closing = threading.Event()
+        self._log: Log = log if log is not None else stderr_line
         self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(options, loaded, log), name="mlxspec-decoder",
+        self._thread = threading.Thread(target=self._run, args=(options, loaded), name="mlxspec-decoder",
                                         daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -126,9 +147,9 @@ class Decoder:
         self._thread.join()
         wait_for_thread_exit(self._thread.native_id)
 
-    def _run(self, options: ServeOptions, loaded: Any, log: Log | None) -> None:
+    def _run(self, options: ServeOptions, loaded: Any) -> None:
         try:
-            session = Session.open(options.session, loaded, log=log if log is not None else stderr_line).ready()
+            session = Session.open(options.session, loaded, log=self._log).ready()
         except BaseException as e:  # reported by the constructor on the caller's thread
             self._failure = e
             self._ready.set()
@@ -166,8 +187,9 @@ class Decoder:
             return
         # A request that continues a kept conversation prefills only what is new (keep=True). A
         # long prompt is given up between its chunks once its client has left or we stop.
+        stop = prefill_watch(lambda: job.cancel.is_set() or self._closing.is_set(), len(job.ids), self._log)
         events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True, logprobs=job.logprobs,
-                                interrupt=lambda: job.cancel.is_set() or self._closing.is_set())
+                                interrupt=stop)
         try:
             for ev in events:
                 job.items.put(ev)
