@@ -8,7 +8,8 @@ socket that closes after ``--after`` seconds, followed at once by the short requ
 latency less the short request's own is the delay the departed client caused. Last, a client
 that gives up after ``--retry-after`` seconds and sends the same prompt again at once, as a
 client library's retry does: the server keeps the chunks it prefilled, so the retry takes the
-long prompt's time less theirs.
+long prompt's time less theirs. And a short request sent ``--after`` seconds into a long prompt
+that nobody abandons: the server decodes it between the long prompt's chunks.
 
     python benchmarks/abandoned_prompt.py [--tokens 6000] [--after 2] [--repeats 3] [--retry-after 20] [--out FILE.json]
 """
@@ -44,6 +45,7 @@ class AbandonedPrompt:
     interrupted_prefills: int  # abandoned prompts the server gave up inside their prefill
     retry_after_s: float
     retry_s: float  # the same long prompt sent again right after a client gave it up
+    short_during_s: float  # the short request's latency when sent --after s into a long prompt's prefill
 
 
 def complete(url: str, prompt: str, max_tokens: int) -> float:
@@ -92,16 +94,23 @@ def main() -> None:
             after.append(complete(url, "Hi", 2))
         abandon(url, "Retry: " + long_prompt, args.retry_after)
         retry_s = complete(url, "Retry: " + long_prompt, 1)
+        behind = threading.Thread(target=complete, args=(url, "Kept: " + long_prompt, 1))
+        behind.start()
+        time.sleep(args.after)
+        during_s = complete(url, "Hi", 2)
+        behind.join()
         result = AbandonedPrompt(time.strftime("%Y-%m-%d"), n, args.after, round(long_s, 2), round(alone, 3),
                                  [round(t, 2) for t in after], round(statistics.median(after) - alone, 2),
-                                 server.decoder.interrupted_prefills, args.retry_after, round(retry_s, 2))
+                                 server.decoder.interrupted_prefills, args.retry_after, round(retry_s, 2),
+                                 round(during_s, 2))
     finally:
         server.shutdown()
         server.close()
     print(f"{n}-token prompt: {long_s:.1f} s to answer; abandoned after {args.after:g} s, the next short request "
           f"waited {result.delay_s:.2f} s more than alone ({alone:.2f} s); "
           f"{result.interrupted_prefills} prompts given up inside their prefill; given up after {args.retry_after:g} s "
-          f"and sent again, it took {retry_s:.1f} s")
+          f"and sent again, it took {retry_s:.1f} s; sent {args.after:g} s into another's prefill, the short request "
+          f"took {during_s:.2f} s")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(asdict(result), f, indent=2)

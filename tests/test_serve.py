@@ -640,6 +640,54 @@ def test_a_client_leaving_during_a_long_prompt_frees_the_server_within_a_chunk(n
     assert ngram_server.decoder.interrupted_prefills == prefills + 1  # stopped inside its prompt
 
 
+@pytest.mark.model
+@client_tests
+def test_a_long_prompt_lets_a_short_request_behind_it_run_between_its_chunks(ngram_server):
+    """A 1,050-token prompt (three chunks) takes the MLX target a few seconds; a short request sent
+    half a second after it is answered at its next chunk boundary, before the long one ends, with
+    its solo reply; the long one's reply is its own."""
+    url = ngram_server.url
+    alone = client(url).completions.create(model="default", prompt="Hi", max_tokens=4, temperature=0)
+    long_prompt = "Side by side: " + "the cat sat on the mat and " * 150  # in no kept cache yet
+    done: dict[str, tuple[float, str]] = {}
+
+    def long_request():
+        r = client(url).completions.create(model="default", prompt=long_prompt, max_tokens=3, temperature=0)
+        done["long"] = (time.perf_counter(), r.choices[0].text)
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    time.sleep(0.5)
+    short = client(url).completions.create(model="default", prompt="Hi", max_tokens=4, temperature=0)
+    done["short"] = (time.perf_counter(), short.choices[0].text)
+    thread.join(timeout=300)
+    assert done["short"][0] < done["long"][0]  # not held for the long prompt's whole length
+    again = client(url).completions.create(model="default", prompt=long_prompt, max_tokens=3, temperature=0)
+    assert done["short"][1] == alone.choices[0].text and done["long"][1] == again.choices[0].text
+
+
+@pytest.mark.model
+@client_tests
+def test_a_retry_of_a_prompt_given_up_resumes_from_its_chunks(ngram_server):
+    """A client gives up a 1,050-token prompt after 1 s and sends it again at once, as a client
+    library's retry does: the retry waits for the first to be given up (it does not run beside
+    it from nothing), then starts from the chunks it prefilled, with the reply of a clean run."""
+    url, host = ngram_server.url, urlparse(ngram_server.url).netloc
+    cache = ngram_server.decoder.prompt_cache
+    prompt = "Retried: " + "the cat sat on the mat and " * 150
+    body = json.dumps({"prompt": prompt, "max_tokens": 3, "temperature": 0}).encode()
+    s = socket.create_connection((urlparse(url).hostname, urlparse(url).port))
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(1.0)
+    s.close()
+    hits = cache.hits
+    retry = client(url).completions.create(model="default", prompt=prompt, max_tokens=3, temperature=0)
+    assert cache.hits == hits + 1  # it started from the given-up prompt's chunks
+    cache.clear()
+    clean = client(url).completions.create(model="default", prompt=prompt, max_tokens=3, temperature=0)
+    assert retry.choices[0].text == clean.choices[0].text
+
+
 @pytest.fixture(scope="module")
 def guarded_server(lm):
     from mlxspec.serve import start_server

@@ -7,10 +7,12 @@ import itertools
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxspec.core.cache import common_prefix
 from mlxspec.core.events import Done, Event
 from mlxspec.core.ops import ops_for
 from mlxspec.core.prefill import PREFILL_CHUNK, Interrupted
@@ -107,7 +109,8 @@ class ModelInfo:
 
 class Decoder:
     """The one thread that runs MLX: it loads the target, makes the drafter and the K policy, then
-    decodes queued jobs one at a time. The queue is the lock around the engine; keeping every MLX
+    decodes queued jobs one at a time (a long prompt lets those queued behind it run between its
+    chunks). The queue is the lock around the engine; keeping every MLX
     call on one long-lived thread also keeps MLX's per-thread state off the short-lived handler
     threads (whose exit-time destructors can abort the process, see ``runtime.wait_for_thread_exit``)."""
 
@@ -118,6 +121,7 @@ class Decoder:
         self.info: ModelInfo | None = None
         self.prompt_cache: PromptCache | None = None  # the session's, for /health to read
         self._current: Job | None = None
+        self._waiting: deque[Job] = deque()  # requests a long prompt left for its cache (``_serve_waiting``)
         self._ready = threading.Event()
         self._closing = threading.Event()
         self._log: Log = log if log is not None else stderr_line
@@ -160,7 +164,7 @@ class Decoder:
                               drafter.name if drafter else None, k)
         self.prompt_cache = session.kept
         self._ready.set()
-        while (job := self.jobs.get()) is not None:
+        while (job := self._next_job()) is not None:
             self._current = job
             self._decode(job, session)
             self._current = None
@@ -174,22 +178,56 @@ class Decoder:
                 job.items.put(shutting_down())
                 job.items.put(_END)
 
+    def _next_job(self) -> Job | None:
+        """The next request: first those a long prompt left waiting for its cache, then the queue."""
+        return self._waiting.popleft() if self._waiting else self.jobs.get()
+
+    def _serve_waiting(self, session: Session, ids: list[int]) -> None:
+        """Decode, each whole, the requests queued behind the long prompt ``ids``, between two of
+        its chunks (the engine's ``interrupt``), so that it holds them for a chunk, not for its
+        whole length. They do not serve others in turn. One that starts with a chunk of the same
+        prompt (a client's retry) waits for it instead, and then starts from its cache. The
+        others' caches are their own: a kept cache a request extends is handed over to it, others
+        are copied (``PromptCache.take``)."""
+        while not self._closing.is_set():
+            try:
+                other = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            if other is None:  # close() asked: the main loop stops on it
+                self.jobs.put(None)
+                return
+            if common_prefix(other.ids, ids) >= PREFILL_CHUNK:
+                self._waiting.append(other)
+                continue
+            outer, self._current = self._current, other
+            try:
+                self._decode(other, session, serves_waiting=False)
+            finally:
+                self._current = outer
+
     def _cancelled(self, job: Job) -> None:
         self.cancelled += 1
         if self._closing.is_set():
             job.items.put(shutting_down())
 
-    def _decode(self, job: Job, session: Session) -> None:
+    def _decode(self, job: Job, session: Session, serves_waiting: bool = True) -> None:
         if self._closing.is_set():
             job.items.put(shutting_down())
         if job.cancel.is_set() or self._closing.is_set():  # its client left while it queued, or we stop
             job.items.put(_END)
             return
+
+        def between_chunks() -> bool:
+            if serves_waiting and not (job.cancel.is_set() or self._closing.is_set()):
+                self._serve_waiting(session, job.ids)
+            return job.cancel.is_set() or self._closing.is_set()
+
         # A request that continues a kept conversation prefills only what is new (keep=True). A
-        # long prompt is given up between its chunks once its client has left or we stop.
-        stop = prefill_watch(lambda: job.cancel.is_set() or self._closing.is_set(), len(job.ids), self._log)
+        # long prompt lets the requests queued behind it run between its chunks, and is given up
+        # there once its client has left or we stop.
         events = session.stream(job.ids, job.params, job.max_tokens, job.seed, keep=True, logprobs=job.logprobs,
-                                interrupt=stop)
+                                interrupt=prefill_watch(between_chunks, len(job.ids), self._log))
         try:
             for ev in events:
                 job.items.put(ev)
