@@ -1,7 +1,9 @@
 """Nothing a client sends takes the server down: seeded random requests (``fuzzhttp``) against a
 live server on a tiny random model with the real tokenizer, loopback only, bounded in count.
 Every request gets a JSON error or a valid reply, nothing hangs, nothing logs a traceback, and a
-normal request is still answered at the end. ``MLXSPEC_FUZZ_REQUESTS=10000`` runs the long soak."""
+normal request is still answered at the end. Several clients fuzz at once, beside one that keeps
+sending prompts of several chunks, between whose chunks the server decodes the others' requests.
+``MLXSPEC_FUZZ_REQUESTS=10000`` runs the long soak (``MLXSPEC_FUZZ_CLIENTS``: how many at once)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from mlxspec.serve.server import Handler
 from mlxspec.targets.loading import LoadedModel
 
 REQUESTS = int(os.environ.get("MLXSPEC_FUZZ_REQUESTS", "300"))
+CLIENTS = int(os.environ.get("MLXSPEC_FUZZ_CLIENTS", "4"))
 STALL_S = 0.5  # the server's read timeout here: a request promising more body than it sends waits this long
 
 
@@ -31,7 +34,7 @@ def tiny_server(lm):
                       intermediate_size=64, rope_theta=10000.0)
     model = Llama(cfg)
     mx.eval(model.parameters())
-    tiny = LoadedModel(model, lm.tokenizer, "tiny-random", lm.path, "float32", context_length=512)
+    tiny = LoadedModel(model, lm.tokenizer, "tiny-random", lm.path, "float32", context_length=2048)
     logs: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Handler, "timeout", STALL_S)
@@ -65,23 +68,61 @@ def check_answer(data: bytes, status: int | None, headers: dict[str, str], body:
     return None if status == 200 and ("choices" in obj or obj.get("object") in ("list", "model")) else f"{status}"
 
 
+def fuzz(address: tuple[str, int], seed: int, count: int, statuses: dict, problems: list[str]) -> None:
+    """One client's share of the fuzzed requests; the first wrong answer ends it."""
+    host, rng = f"{address[0]}:{address[1]}", random.Random(seed)
+    for i in range(count):
+        data = request(rng, host)
+        try:
+            status, headers, body = exchange(address, data, timeout=30)
+        except TimeoutError:
+            problems.append(f"client {seed}, request {i}: no answer in 30 s\n{data[:300]!r}")
+            return
+        problem = check_answer(data, status, headers, body)
+        if problem is not None:
+            problems.append(f"client {seed}, request {i}: {problem}\n{data[:300]!r}\n-> {status} {body[:300]!r}")
+            return
+        statuses[status] = statuses.get(status, 0) + 1  # one dict per client: no lock needed
+
+
+def long_prompts(address: tuple[str, int], done: threading.Event, answered: list[int]) -> None:
+    """Prompts of three chunks, one after the other until the fuzzing clients are done."""
+    body = json.dumps({"prompt": "the cat sat on the mat and " * 160, "max_tokens": 2}).encode()
+    data = (f"POST /v1/completions HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    while not done.is_set():
+        answered.append(exchange(address, data, timeout=60)[0])
+
+
 @pytest.mark.model
 def test_the_server_answers_every_fuzzed_request(tiny_server, capfd):
     server, thread, logs = tiny_server
     address = server.server_address[:2]
-    host = f"{address[0]}:{address[1]}"
-    rng = random.Random(20261201)
+    per_client = [{} for _ in range(CLIENTS)]
+    problems: list[str] = []
+    done, answered = threading.Event(), []
+    longs = threading.Thread(target=long_prompts, args=(address, done, answered))
+    longs.start()
+    clients = [threading.Thread(target=fuzz, args=(address, 20261201 + c, REQUESTS // CLIENTS, per_client[c], problems))
+               for c in range(CLIENTS)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    done.set()
+    longs.join()
+    assert not problems, problems[0]
+    assert answered and set(answered) == {200}  # the long prompts were answered beside the fuzzing
+    assert server.decoder.served_between_chunks > 0  # and requests were decoded inside their prefill
     statuses: dict[int | None, int] = {}
-    for i in range(REQUESTS):
-        data = request(rng, host)
-        status, headers, body = exchange(address, data, timeout=30)
-        problem = check_answer(data, status, headers, body)
-        assert problem is None, f"request {i}: {problem}\n{data[:300]!r}\n-> {status} {body[:300]!r}"
-        statuses[status] = statuses.get(status, 0) + 1
+    for d in per_client:
+        for k, v in d.items():
+            statuses[k] = statuses.get(k, 0) + v
     assert thread.is_alive()
     c = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
     reply = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
     assert reply.choices[0].message.content is not None and reply.usage.completion_tokens <= 2
     assert not any("Traceback" in line for line in logs)
     assert "Traceback" not in capfd.readouterr().err
-    assert statuses.get(200, 0) > REQUESTS // 20 and sum(v for s, v in statuses.items() if s and s >= 400) > REQUESTS // 4
+    n = REQUESTS // CLIENTS * CLIENTS
+    assert statuses.get(200, 0) > n // 20 and sum(v for s, v in statuses.items() if s and s >= 400) > n // 4

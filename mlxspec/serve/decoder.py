@@ -118,6 +118,7 @@ class Decoder:
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.cancelled = 0  # jobs stopped before the engine finished (client gone, stop string)
         self.interrupted_prefills = 0  # of those, stopped in their prompt (between its chunks)
+        self.served_between_chunks = 0  # requests decoded between a long prompt's chunks
         self.info: ModelInfo | None = None
         self.prompt_cache: PromptCache | None = None  # the session's, for /health to read
         self._current: Job | None = None
@@ -201,6 +202,7 @@ class Decoder:
                 self._waiting.append(other)
                 continue
             outer, self._current = self._current, other
+            self.served_between_chunks += 1
             try:
                 self._decode(other, session, serves_waiting=False)
             finally:
