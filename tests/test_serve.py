@@ -544,6 +544,16 @@ def test_a_tree_server_decodes_the_targets_greedy_text(lm, expected):
 # --- HTTP as raw clients speak it ---------------------------------------------------------------
 
 
+def give_up(url: str, body: dict, after: float) -> None:
+    """POST ``body`` to /completions, wait ``after`` seconds, hang up as a client that gave up."""
+    u = urlparse(url)
+    data = json.dumps(body).encode()
+    with socket.create_connection((u.hostname, u.port)) as s:
+        s.sendall(f"POST {u.path}/completions HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Length: {len(data)}\r\n\r\n"
+                  .encode() + data)
+        time.sleep(after)
+
+
 def raw_exchange(url: str, data: bytes, wait: float = 30.0) -> tuple[int, dict, dict]:
     """Send ``data`` on a fresh connection; the status, headers and JSON body of the first reply."""
     u = urlparse(url)
@@ -609,13 +619,9 @@ def test_malformed_http_gets_json_errors_and_the_server_keeps_answering(ngram_se
 @pytest.mark.model
 @client_tests
 def test_a_client_leaving_a_whole_request_stops_its_decoding(ngram_server):
-    url, host = ngram_server.url, urlparse(ngram_server.url).netloc
+    url = ngram_server.url
     before = ngram_server.decoder.cancelled
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}).encode()
-    s = socket.create_connection((urlparse(url).hostname, urlparse(url).port))
-    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-    time.sleep(1.0)
-    s.close()  # as a client that gave up
+    give_up(url, {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}, after=1.0)
     reply = client(url).completions.create(model="default", prompt="Hi", max_tokens=2, temperature=0)
     assert reply.usage.completion_tokens <= 2
     assert ngram_server.decoder.cancelled == before + 1  # the 2,000 tokens were not decoded first
@@ -627,13 +633,9 @@ def test_a_client_leaving_during_a_long_prompt_frees_the_server_within_a_chunk(n
     """A 2,600-token prompt takes the MLX target about 10 s; its client leaves after 1 s. The
     prompt is given up at the next chunk boundary, so a short request after it is answered
     long before the abandoned prompt would have been done."""
-    url, host = ngram_server.url, urlparse(ngram_server.url).netloc
+    url = ngram_server.url
     before, prefills = ngram_server.decoder.cancelled, ngram_server.decoder.interrupted_prefills
-    body = json.dumps({"prompt": "the cat sat on the mat and " * 370, "max_tokens": 4, "temperature": 0}).encode()
-    s = socket.create_connection((urlparse(url).hostname, urlparse(url).port))
-    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-    time.sleep(1.0)
-    s.close()
+    give_up(url, {"prompt": "the cat sat on the mat and " * 370, "max_tokens": 4, "temperature": 0}, after=1.0)
     reply = client(url).completions.create(model="default", prompt="Hi", max_tokens=2, temperature=0)
     assert reply.usage.completion_tokens <= 2
     assert ngram_server.decoder.cancelled == before + 1
@@ -672,14 +674,10 @@ def test_a_retry_of_a_prompt_given_up_resumes_from_its_chunks(ngram_server):
     """A client gives up a 1,050-token prompt after 1 s and sends it again at once, as a client
     library's retry does: the retry waits for the first to be given up (it does not run beside
     it from nothing), then starts from the chunks it prefilled, with the reply of a clean run."""
-    url, host = ngram_server.url, urlparse(ngram_server.url).netloc
+    url = ngram_server.url
     cache = ngram_server.decoder.prompt_cache
     prompt = "Retried: " + "the cat sat on the mat and " * 150
-    body = json.dumps({"prompt": prompt, "max_tokens": 3, "temperature": 0}).encode()
-    s = socket.create_connection((urlparse(url).hostname, urlparse(url).port))
-    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-    time.sleep(1.0)
-    s.close()
+    give_up(url, {"prompt": prompt, "max_tokens": 3, "temperature": 0}, after=1.0)
     hits = cache.hits
     retry = client(url).completions.create(model="default", prompt=prompt, max_tokens=3, temperature=0)
     assert cache.hits == hits + 1  # it started from the given-up prompt's chunks

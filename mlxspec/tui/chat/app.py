@@ -300,7 +300,7 @@ class ChatApp(App[None], inherit_bindings=False):
         self._worker_idle(message.turn)
         if message.turn != self.turn:
             return
-        if self.running is None and self.asked is not None and self.asked.timing:  # a failed ^f: the turn stands
+        if self.asked is not None and self.asked.timing:  # a failed ^f: the turn stands
             self.notify(f"Could not time it: {message.error}", severity="error")
             return
         if self.answer is not None and not self.answer.pieces:
