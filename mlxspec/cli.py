@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from mlxspec.errors import MlxspecError
-from mlxspec.flags import (ACCESS, BACKEND, MODEL_SAMPLING, OUTPUT, TORCH, TRAIN, BlockVerifyOpt, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
+from mlxspec.flags import (ACCESS, BACKEND, CAPACITY, MODEL_SAMPLING, OUTPUT, TORCH, TRAIN, BlockVerifyOpt, DraftOpt, DtypeOpt, KFixedOpt, KOpt, ModelOpt,
                            RemeasureOpt, SystemOpt, TreeNodesOpt, TreeOpt, VersionOpt, bench_checks, check_max_tokens, checked_draft,
-                           grouped, k_option, logprobs_option, measured_target, named_draft, parity_dtype, parse_size, read_prompt,
+                           grouped, k_option, logprobs_option, measured_target, named_draft, parity_dtype, read_prompt,
                            sampling_params, serve_checks, sweep_trees, tree_option, with_system)
 from mlxspec.targets import store
 from mlxspec.terminal import check_out_folder, err, friendly, models_table, print_json, progress_bar
@@ -439,21 +439,20 @@ def serve(
     tree: Optional[str] = TreeOpt,
     tree_nodes: Optional[int] = TreeNodesOpt,
     backend: str = BACKEND,
-    prompt_cache_size: int = typer.Option(10, "--prompt-cache-size", help="Conversations whose caches are kept between requests, least recently used dropped first (clients taking turns each find theirs)."),
-    prompt_cache_bytes: str = typer.Option("2G", "--prompt-cache-bytes", help="Memory those caches may hold at most: bytes, or with M or G (decimal units)."),
+    capacity: Any = CAPACITY,
     access: Any = ACCESS,
 ) -> None:
     """An OpenAI-compatible HTTP server (GET /v1/models, POST /v1/chat/completions and
-    /v1/completions, streaming too) over the same engine and drafters as generate; requests are
-    decoded one at a time. The sampling flags are defaults: a request's own values win, field by
+    /v1/completions, streaming too) over the same engine and drafters as generate; several
+    requests decode together (--parallel). The sampling flags are defaults: a request's own values win, field by
     field. Ctrl-C stops it."""
     from mlxspec.serve import ServeOptions, run_server
 
-    serve_checks(max_tokens, port, prompt_cache_size)
+    serve_checks(max_tokens, port)
     shape = tree_option(tree, tree_nodes, k, draft)
     options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), defaults.for_model(model)[0], max_tokens, dtype,
-                           remeasure_cost, host, port, shape, backend, prompt_cache_size,
-                           parse_size(prompt_cache_bytes, "--prompt-cache-bytes"), access)
+                           remeasure_cost, host, port, shape, backend, capacity.prompt_cache_size,
+                           capacity.prompt_cache_bytes, access, capacity.parallel)
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))
 
 

@@ -429,12 +429,29 @@ ACCESS = FlagGroup((
 ), _access)
 
 
-def serve_checks(max_tokens: int, port: int, prompt_cache_size: int) -> None:
+def serve_checks(max_tokens: int, port: int) -> None:
     check_max_tokens(max_tokens)
     if not 0 <= port <= 65535:
         raise MlxspecError(f"--port must be in 0..65535 (0: any free port), got {port}")
+
+
+def _capacity(prompt_cache_size: int = 10, prompt_cache_bytes: str = "2G", parallel: Optional[int] = None) -> Any:
+    """What the server holds at once, checked, as ``serve.requests.Capacity``."""
+    from mlxspec.serve.requests import MAX_PARALLEL, Capacity
+
     if prompt_cache_size < 1:
         raise MlxspecError(f"--prompt-cache-size must be >= 1, got {prompt_cache_size}")
+    if parallel is not None and not 1 <= parallel <= MAX_PARALLEL:
+        raise MlxspecError(f"--parallel must be in 1..{MAX_PARALLEL}, got {parallel}")
+    return Capacity(prompt_cache_size, parse_size(prompt_cache_bytes, "--prompt-cache-bytes"), parallel)
+
+
+# What ``serve`` holds at once: requests decoding, conversations kept.
+CAPACITY = FlagGroup((
+    ("parallel", Optional[int], typer.Option(None, "--parallel", show_default=False, help="Requests decoded together, their target passes packed into one (each reply the one it gets alone; torch backend only). Default: 4 on torch, where 4 clients finish in about half the time of one after another; 1 on MLX.")),
+    ("prompt_cache_size", int, typer.Option(10, "--prompt-cache-size", help="Conversations whose caches are kept between requests, least recently used dropped first (clients taking turns each find theirs).")),
+    ("prompt_cache_bytes", str, typer.Option("2G", "--prompt-cache-bytes", help="Memory those caches may hold at most: bytes, or with M or G (decimal units).")),
+), _capacity)
 
 
 def torch_flags(torch_on: Optional[bool], torch_dtypes: Optional[list[str]], torch_device: str,

@@ -48,12 +48,15 @@ class Session:
     (an int, ``"auto"``, a ``KPolicy``, or None: auto with a drafter) or along ``tree``.
     ``use`` switches the drafting; drafters and their ``AutoK`` are made once per spec, so a
     policy keeps learning across turns. ``log`` reports measuring the verify-cost curve.
-    ``kept``: the caches kept between calls (default: the last one only)."""
+    ``kept``: the caches kept between calls (default: the last one only). ``check_curve``: compare
+    the cached verify-cost curve with the passes' live timings after each call."""
 
     def __init__(self, lm: Any, draft: str | Drafter | None = "none", k: Any = None, tree: TreeShape | None = None,
                  *, dtype: str = "auto", remeasure_cost: bool = False,
-                 log: Callable[[str], None] | None = stderr_line, kept: PromptCache | None = None):
+                 log: Callable[[str], None] | None = stderr_line, kept: PromptCache | None = None,
+                 check_curve: bool = True):
         self.lm, self.dtype, self.log = lm, dtype, log
+        self._check_curve = check_curve  # off where passes are shared (``serve --parallel``): their time is not the curve's
         # earlier turns' caches: a turn that continues one prefills only what is new
         self.kept = kept if kept is not None else PromptCache()
         self._remeasure = remeasure_cost
@@ -164,7 +167,8 @@ class Session:
                           self.stop_ids if stop_ids is None else stop_ids, self.lm.context_length, seed,
                           self.drafter, self.policy, self.kept if keep else None, tree=self.tree, node_stats=node_stats,
                           logprobs=logprobs, interrupt=interrupt)
-        return self._checked(events) if self._curve is not None and hasattr(self.policy, "timed_steps") else events
+        checks = self._check_curve and self._curve is not None and hasattr(self.policy, "timed_steps")
+        return self._checked(events) if checks else events
 
     def _checked(self, events: Iterator[Event]) -> Iterator[Event]:
         """``events``, then the cached cost curve checked against the timings the policy saw."""

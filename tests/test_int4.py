@@ -14,32 +14,17 @@ import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
 
-from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
 from mlxspec.errors import MlxspecError  # noqa: E402
 from mlxspec.torchpath import int4, invariant  # noqa: E402
-from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
-from tiny import TWIN_BASE, greedy_alone_and_self_drafted, torch_rows_equal_one_token_passes  # noqa: E402
+from tiny import QUANTIZED_BASE, greedy_alone_and_self_drafted, quantized_twin, torch_rows_equal_one_token_passes  # noqa: E402
 
-# 32 and 64 wide: every layer splits into groups of 32
-BASE = {**TWIN_BASE, "hidden_size": 64, "intermediate_size": 128}
+BASE = QUANTIZED_BASE
 
 
 def quantized_layer(n: int, k: int, group_size: int = 32, bias: bool = False, seed: int = 0) -> mnn.QuantizedLinear:
     mx.random.seed(seed)
     layer = mnn.Linear(k, n, bias=bias)
     return mnn.QuantizedLinear.from_linear(layer, group_size=group_size, bits=4)
-
-
-def quantized_twin(seed: int = 0, embedding_bits: int = 8, **family) -> tuple[Llama, TorchLlama]:
-    """A tiny MLX model quantized as the default GGUF is (4-bit layers, an 8-bit embedding),
-    and its torch twin on the int4 kernel."""
-    mx.random.seed(seed)
-    m = Llama(LlamaConfig(**{**BASE, **family}))
-    mnn.quantize(m, group_size=32, bits=4, class_predicate=lambda _, layer: isinstance(layer, mnn.Linear))
-    mnn.quantize(m, group_size=32, bits=embedding_bits,
-                 class_predicate=lambda _, layer: isinstance(layer, mnn.Embedding))
-    mx.eval(m.parameters())
-    return m, TorchLlama.from_mlx(m, "cpu", "quantized")
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])

@@ -13,11 +13,10 @@ import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
 
-from mlxspec.core.model import Llama, LlamaConfig  # noqa: E402
+from mlxspec.core.model import LlamaConfig  # noqa: E402
 from mlxspec.torchpath import invariant  # noqa: E402
-from mlxspec.torchpath.model import Llama as TorchLlama  # noqa: E402
 from tiny import (  # noqa: E402
-    TWIN_BASE, TWIN_FAMILIES, greedy_alone_and_self_drafted, torch_rows_equal_one_token_passes,
+    TWIN_BASE, TWIN_FAMILIES, greedy_alone_and_self_drafted, torch_rows_equal_one_token_passes, torch_twin,
 )
 
 BASE = TWIN_BASE
@@ -28,13 +27,6 @@ FAMILIES = {
     "mqa": dict(num_kv_heads=1),  # one key head: a lone matrix, padded to two
     "long-down": dict(intermediate_size=1100),  # oneDNN's one-row path differs past 1,024; SiLU's tail
 }
-
-
-def torch_twin(seed: int = 0, **family) -> TorchLlama:
-    mx.random.seed(seed)
-    m = Llama(LlamaConfig(**{**BASE, **family}))
-    mx.eval(m.parameters())
-    return TorchLlama.from_mlx(m)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -190,3 +190,32 @@ def greedy_alone_and_self_drafted(model, ks: tuple[int, ...], n: int = 24) -> tu
                 if isinstance(ev, Step) for t in ev.tokens if t.emitted]
 
     return tokens(None, 1), [tokens(ModelDrafter(model, "self:1", 1), k) for k in ks]
+
+
+def torch_twin(seed: int = 0, **family):
+    """A tiny random MLX llama (``TWIN_BASE`` with ``family``'s changes) and its torch twin; the twin."""
+    from mlxspec.torchpath.model import Llama as TorchLlama  # an optional extra: only the torch tests call this
+
+    mx.random.seed(seed)
+    m = Llama(LlamaConfig(**{**TWIN_BASE, **family}))
+    mx.eval(m.parameters())
+    return TorchLlama.from_mlx(m)
+
+
+QUANTIZED_BASE = {**TWIN_BASE, "hidden_size": 64, "intermediate_size": 128}  # 32 and 64 wide: groups of 32
+
+
+def quantized_twin(seed: int = 0, embedding_bits: int = 8, **family):
+    """A tiny MLX model quantized as the default GGUF is (4-bit layers, an 8-bit embedding),
+    and its torch twin on the int4 kernel."""
+    import mlx.nn as mnn
+
+    from mlxspec.torchpath.model import Llama as TorchLlama
+
+    mx.random.seed(seed)
+    m = Llama(LlamaConfig(**{**QUANTIZED_BASE, **family}))
+    mnn.quantize(m, group_size=32, bits=4, class_predicate=lambda _, layer: isinstance(layer, mnn.Linear))
+    mnn.quantize(m, group_size=32, bits=embedding_bits,
+                 class_predicate=lambda _, layer: isinstance(layer, mnn.Embedding))
+    mx.eval(m.parameters())
+    return m, TorchLlama.from_mlx(m, "cpu", "quantized")

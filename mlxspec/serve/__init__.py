@@ -1,8 +1,9 @@
 """``mlxspec serve``: an OpenAI-compatible HTTP server over the same engine as ``generate``.
 
 I/O lives at the edge. Parsing a request, scanning for stop strings, counting usage and shaping
-responses are pure (tested without a model); one ``Decoder`` thread runs every MLX call and takes
-requests from a queue one at a time, and ``http.server`` handler threads only read requests,
+responses are pure (tested without a model); one ``Decoder`` thread runs every model call and
+takes requests from a queue, one at a time or several together (``batch``: each in a greenlet on
+that thread, their passes packed), and ``http.server`` handler threads only read requests,
 tokenise, detokenise and write.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` (both also

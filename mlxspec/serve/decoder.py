@@ -1,5 +1,6 @@
-"""The one thread that runs the model: it opens a ``Session`` and decodes queued jobs one at a
-time, handing the engine's events back to the handler thread that waits for them."""
+"""The one thread that runs the model: it opens a ``Session`` and decodes queued jobs, one at a
+time or several together (``serve.batch``), handing the engine's events back to the handler
+thread that waits for each."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from mlxspec.core.prompt_cache import PromptCache
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.runtime import wait_for_thread_exit
-from mlxspec.serve.requests import ApiError, ServeOptions
+from mlxspec.serve.requests import DEFAULT_PARALLEL, ApiError, ServeOptions
 from mlxspec.session import Session
 from mlxspec.targets.costcurve import stderr_line
 
@@ -119,9 +120,12 @@ class Decoder:
         self.cancelled = 0  # jobs stopped before the engine finished (client gone, stop string)
         self.interrupted_prefills = 0  # of those, stopped in their prompt (between its chunks)
         self.served_between_chunks = 0  # requests decoded between a long prompt's chunks
+        self.parallel = 1  # requests decoded together (``_run_slots``)
         self.info: ModelInfo | None = None
         self.prompt_cache: PromptCache | None = None  # the session's, for /health to read
         self._current: Job | None = None
+        self._running: dict[int, Job] = {}  # with --parallel N: the jobs its slots decode, by id
+        self.slots: Any = None  # with --parallel N: the ``serve.batch.Slots`` scheduler
         self._waiting: deque[Job] = deque()  # requests a long prompt left for its cache (``_serve_waiting``)
         self._ready = threading.Event()
         self._closing = threading.Event()
@@ -146,8 +150,9 @@ class Decoder:
         """Stop after the current step; queued jobs end empty. Waits for the thread to be gone."""
 
         self._closing.set()
-        if (job := self._current) is not None:
-            job.cancel.set()
+        for job in [self._current, *list(self._running.values())]:
+            if job is not None:
+                job.cancel.set()
         self.jobs.put(None)
         self._thread.join()
         wait_for_thread_exit(self._thread.native_id)
@@ -164,11 +169,15 @@ class Decoder:
         self.info = ModelInfo(lm.name, lm.tokenizer, lm.context_length, lm.config.vocab_size,
                               drafter.name if drafter else None, k)
         self.prompt_cache = session.kept
-        self._ready.set()
-        while (job := self._next_job()) is not None:
-            self._current = job
-            self._decode(job, session)
-            self._current = None
+        self.parallel = options.parallel or (1 if lm.backend == "mlx" else DEFAULT_PARALLEL)
+        if self.parallel > 1:
+            self._run_slots(session, options)
+        else:
+            self._ready.set()
+            while (job := self._next_job()) is not None:
+                self._current = job
+                self._decode(job, session)
+                self._current = None
         ops_for(lm.model).synchronize()
         while True:  # a job submitted as we stopped
             try:
@@ -178,6 +187,36 @@ class Decoder:
             if job is not None:
                 job.items.put(shutting_down())
                 job.items.put(_END)
+
+    def _run_slots(self, session: Session, options: ServeOptions) -> None:
+        """Decode up to ``options.parallel`` requests together (``serve.batch``): each slot has its
+        own drafter and K policy, all share the kept caches. Returns once ``close`` stopped them."""
+        if session.lm.backend == "mlx":
+            self._failure = MlxspecError(f"--parallel {self.parallel} decodes on the torch backend only "
+                                         "(--backend torch); on MLX requests decode one at a time")
+            self._ready.set()
+            return
+        from mlxspec.serve import batch
+
+        self.slots = batch.Slots(session.lm.model)
+        sessions = [batch.slot_session(session, self.slots, options.draft, options.k, options.tree)
+                    for _ in range(self.parallel)]
+        self._ready.set()
+
+        def take(block: bool) -> Job | None | object:
+            try:
+                return self.jobs.get(block=block)
+            except queue.Empty:
+                return batch.NO_JOB
+
+        def decode(job: Job, slot: Session) -> None:
+            self._running[id(job)] = job
+            try:
+                self._decode(job, slot, serves_waiting=False)
+            finally:
+                del self._running[id(job)]
+
+        self.slots.serve(sessions, take, decode)
 
     def _next_job(self) -> Job | None:
         """The next request: first those a long prompt left waiting for its cache, then the queue."""

@@ -22,6 +22,19 @@ PROMPT_CACHE_BYTES = 2 * 10**9
 CHAT, TEXT = "chat", "text"  # the two generation endpoints
 
 
+DEFAULT_PARALLEL = 4  # benchmarks/parallel_clients.py: 4 clients in about half the time of one after another
+MAX_PARALLEL = 16  # a round's verify passes still fit one packed pass (``torchpath.packed.MAX_ROWS``)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What ``serve`` holds at once (``--parallel``, ``--prompt-cache-size/-bytes``)."""
+
+    prompt_cache_size: int
+    prompt_cache_bytes: int
+    parallel: int | None
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """What ``mlxspec serve`` was started with; the sampling values are request defaults."""
@@ -40,6 +53,7 @@ class ServeOptions:
     prompt_cache_size: int = PROMPT_CACHE_SIZE  # conversations kept (--prompt-cache-size)
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES  # their memory at most (--prompt-cache-bytes)
     access: Access = Access()  # --api-key, --allowed-origins
+    parallel: int | None = None  # requests decoded together (--parallel; None: DEFAULT_PARALLEL on torch, 1 on MLX)
 
     @property
     def session(self) -> SessionOptions:

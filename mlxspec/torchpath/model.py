@@ -23,7 +23,7 @@ from mlxspec.core.model import LlamaConfig, layer_rope, rope_type
 from mlxspec.core.target import Capabilities
 from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import int4, ops
-from mlxspec.torchpath.cache import KVCache
+from mlxspec.torchpath.cache import KVCache, PackedCaches
 from mlxspec.torchpath.int4 import Int4Linear
 from mlxspec.torchpath.invariant import sdpa
 
@@ -139,9 +139,12 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = rope.rotate(q.transpose(1, 2), cos, sin), rope.rotate(k.transpose(1, 2), cos, sin)
         v = v.reshape(B, L, cfg.num_kv_heads, -1).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
-        out = self.attend(q, k, v, mask, cfg.attn_scale)
+        if isinstance(cache, PackedCaches):  # several sequences' rows: each attends to its own cache
+            out = cache.attend(self.attend, q, k, v, cfg.attn_scale)
+        else:
+            if cache is not None:
+                k, v = cache.update_and_fetch(k, v)
+            out = self.attend(q, k, v, mask, cfg.attn_scale)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
 
 
