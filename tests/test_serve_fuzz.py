@@ -3,7 +3,9 @@ live server on a tiny random model with the real tokenizer, loopback only, bound
 Every request gets a JSON error or a valid reply, nothing hangs, nothing logs a traceback, and a
 normal request is still answered at the end. Several clients fuzz at once, beside one that keeps
 sending prompts of several chunks, between whose chunks the server decodes the others' requests.
-``MLXSPEC_FUZZ_REQUESTS=10000`` runs the long soak (``MLXSPEC_FUZZ_CLIENTS``: how many at once)."""
+Both ways of serving: one request at a time (MLX), and several decoding together (torch,
+``--parallel 4``). ``MLXSPEC_FUZZ_REQUESTS=10000`` runs the long soak (``MLXSPEC_FUZZ_CLIENTS``:
+how many at once)."""
 
 from __future__ import annotations
 
@@ -27,18 +29,29 @@ CLIENTS = int(os.environ.get("MLXSPEC_FUZZ_CLIENTS", "4"))
 STALL_S = 0.5  # the server's read timeout here: a request promising more body than it sends waits this long
 
 
-@pytest.fixture(scope="module")
-def tiny_server(lm):
+@pytest.fixture(scope="module", params=["one at a time", "together"])
+def tiny_server(lm, request):
+    """The server on MLX, decoding one request at a time; or on the torch twin, four together."""
     mx.random.seed(0)
     cfg = LlamaConfig(vocab_size=lm.config.vocab_size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                       intermediate_size=64, rope_theta=10000.0)
     model = Llama(cfg)
     mx.eval(model.parameters())
     tiny = LoadedModel(model, lm.tokenizer, "tiny-random", lm.path, "float32", context_length=2048)
+    parallel = 1 if request.param == "one at a time" else 4
+    if parallel > 1:
+        pytest.importorskip("greenlet", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
+        from mlxspec.torchpath import invariant
+        from mlxspec.torchpath.model import Llama as TorchLlama
+
+        twin = TorchLlama.from_mlx(model)
+        invariant.make_batch_invariant(twin)
+        tiny = LoadedModel(twin, lm.tokenizer, "tiny-random", lm.path, "float32", 2048, "torch:cpu", tiny)
     logs: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Handler, "timeout", STALL_S)
-        server = start_server(ServeOptions(draft="ngram:3", k=2, port=0, max_tokens=3), loaded=tiny, log=logs.append)
+        server = start_server(ServeOptions(draft="ngram:3", k=2, port=0, max_tokens=3, parallel=parallel), loaded=tiny,
+                              log=logs.append)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         yield server, thread, logs
@@ -113,7 +126,10 @@ def test_the_server_answers_every_fuzzed_request(tiny_server, capfd):
     longs.join()
     assert not problems, problems[0]
     assert answered and set(answered) == {200}  # the long prompts were answered beside the fuzzing
-    assert server.decoder.served_between_chunks > 0  # and requests were decoded inside their prefill
+    if server.decoder.slots is None:  # one at a time: requests were decoded inside the long prompts' prefill
+        assert server.decoder.served_between_chunks > 0
+    else:  # together: requests' steps went in one pass
+        assert max(server.decoder.slots.stats.packed_rows) > 3
     statuses: dict[int | None, int] = {}
     for d in per_client:
         for k, v in d.items():

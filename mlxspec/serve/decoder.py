@@ -45,6 +45,11 @@ def prefill_watch(stop: Callable[[], bool], prompt_tokens: int, log: Log, every:
 
     return interrupt
 
+def parallel_refused(parallel: int) -> MlxspecError:
+    return MlxspecError(f"--parallel {parallel} decodes on the torch backend only (--backend torch); "
+                        "on MLX requests decode one at a time")
+
+
 _END = object()  # a job's last item
 ALIVE_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 
@@ -159,6 +164,8 @@ class Decoder:
 
     def _run(self, options: ServeOptions, loaded: Any) -> None:
         try:
+            if (options.parallel or 1) > 1 and options.backend == "mlx" and loaded is None:  # before loading anything
+                raise parallel_refused(options.parallel)
             session = Session.open(options.session, loaded, log=self._log).ready()
         except BaseException as e:  # reported by the constructor on the caller's thread
             self._failure = e
@@ -192,8 +199,7 @@ class Decoder:
         """Decode up to ``options.parallel`` requests together (``serve.batch``): each slot has its
         own drafter and K policy, all share the kept caches. Returns once ``close`` stopped them."""
         if session.lm.backend == "mlx":
-            self._failure = MlxspecError(f"--parallel {self.parallel} decodes on the torch backend only "
-                                         "(--backend torch); on MLX requests decode one at a time")
+            self._failure = parallel_refused(self.parallel)
             self._ready.set()
             return
         from mlxspec.serve import batch
