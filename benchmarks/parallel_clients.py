@@ -55,6 +55,12 @@ class ParallelClients:
     rows: list[ClientsRow]
 
 
+def first(prompts: list[list[dict]], c: int) -> list[list[dict]]:
+    """The first ``c`` prompts; past the last, the first ones again, numbered so that each differs."""
+    return [p if i < len(prompts) else [{**p[0], "content": f"{p[0]['content']} ({i // len(prompts) + 1})"}]
+            for i, p in enumerate(prompts[i % len(prompts)] for i in range(c))]
+
+
 def ask(url: str, messages: list[dict], max_tokens: int) -> tuple[str, int]:
     body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
     request = urllib.request.Request(url + "/chat/completions", body, {"Content-Type": "application/json"})
@@ -120,7 +126,7 @@ def main() -> None:
         serially(server.url, prompts[:2], 8)  # warm-up
         rows = []
         for c in args.clients:
-            rows.append(row := measure(server.url, prompts[:c], args.tokens, args.repeats))
+            rows.append(row := measure(server.url, first(prompts, c), args.tokens, args.repeats))
             print(f"{c} clients: one after another {row.serial_s:.2f} s, together {row.concurrent_s:.2f} s "
                   f"({row.ratio:.2f}x), {row.concurrent_tok_s:.0f} tok/s in all; replies identical: {row.identical}",
                   flush=True)

@@ -6,6 +6,8 @@ group's requests only, and drafts shrink while others decode."""
 from __future__ import annotations
 
 import queue
+import threading
+import time
 
 import pytest
 
@@ -34,9 +36,10 @@ def twin():
     return model
 
 
-def reply(model, prompt: list[int], k: int) -> list[int]:
+def reply(model, prompt: list[int], k: int, temp: float = 0.0, n: int = 24, context: int = 512) -> list[int]:
     drafter = ModelDrafter(model, "self:1", 1) if k else None
-    events = engine.generate(model, prompt, SamplingParams(), 24, set(), 512, drafter=drafter, k=max(k, 1))
+    events = engine.generate(model, prompt, SamplingParams(temp), n, set(), context, seed=len(prompt), drafter=drafter,
+                             k=max(k, 1))
     return [t.id for ev in events if isinstance(ev, Step) for t in ev.tokens if t.emitted]
 
 
@@ -63,11 +66,14 @@ def serve_all(slots: Slots, model, jobs: list, n_slots: int = 4) -> dict:
     return out
 
 
-def test_replies_decoded_together_are_the_solo_replies():
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_replies_decoded_together_are_the_solo_replies(temp):
+    """Greedy, and sampled with a seed and a fixed K: each request's logits have its solo pass's
+    bits, so its draws, the same rule's (exact by ``tests/test_equivalence.py``), give the same text."""
     model = twin()
-    solo = {(tuple(p), k): reply(model, p, k) for p, k in zip(PROMPTS, KS)}
+    solo = {(tuple(p), k, temp): reply(model, p, k, temp) for p, k in zip(PROMPTS, KS)}
     slots = Slots(model)
-    together = serve_all(slots, model, [(tuple(p), k) for p, k in zip(PROMPTS, KS)])
+    together = serve_all(slots, model, [(tuple(p), k, temp) for p, k in zip(PROMPTS, KS)])
     assert {job: toks for job, toks in together.items()} == solo
     assert max(slots.stats.packed_rows) >= 4  # four requests' steps in one pass
     solo_steps = sum(len(t) for t in solo.values())
@@ -122,15 +128,13 @@ def test_busy_slots_draft_less():
 def test_the_default_server_decodes_several_requests_together_with_their_solo_replies():
     """On the real default model and drafter (torch, ``--parallel`` at its default): requests sent
     together get, token for token, the greedy replies they get one at a time, in packed passes."""
-    import threading
-
     from mlxspec.serve import ServeOptions
     from mlxspec.serve.decoder import Decoder, Job
     from mlxspec.targets.tokenizer import encode_prompt
 
     decoder = Decoder(ServeOptions(draft="default", backend="torch"), log=lambda line: None)
     try:
-        assert decoder.parallel == 4
+        assert decoder.parallel == 8
         ids = [encode_prompt(decoder.info.tokenizer, p) for p in
                ("Name three rivers.", "What is 12 times 11?", "Write a haiku about tea.")]
 
@@ -167,5 +171,49 @@ def test_parallel_decoding_is_refused_on_mlx_saying_so(lm):
     decoder = Decoder(ServeOptions(), loaded=lm)  # on MLX the default is one at a time
     try:
         assert decoder.parallel == 1 and decoder.slots is None
+    finally:
+        decoder.close()
+
+
+class SlowPrefill:
+    """A torch twin whose prompt chunks (passes over many tokens) take ``delay_s`` longer."""
+
+    def __init__(self, model, delay_s: float):
+        self.model, self.delay_s = model, delay_s
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def __call__(self, tokens, *args, **kw):
+        if tokens.shape[-1] > SOLO_ROWS:
+            time.sleep(self.delay_s)
+        return self.model(tokens, *args, **kw)
+
+
+@pytest.mark.model
+def test_a_retry_sent_before_the_first_is_given_up_waits_and_starts_from_its_chunks(lm):
+    """Decoding together, a request that starts with a chunk of a prompt still being prefilled
+    (a client's retry, sent before the server noticed the first client leave) is held until that
+    prompt is prefilled or given up, then starts from the chunks it left kept; beside it from
+    nothing (a cache miss) otherwise."""
+    from mlxspec.core.prefill import PREFILL_CHUNK
+    from mlxspec.serve import ServeOptions
+    from mlxspec.serve.decoder import Decoder, Job
+    from mlxspec.targets.loading import LoadedModel
+
+    model = twin()
+    tiny = LoadedModel(SlowPrefill(model, 0.3), lm.tokenizer, "tiny-random", lm.path, "float32", 4096, "torch:cpu")
+    decoder = Decoder(ServeOptions(draft="ngram:3", k=2, parallel=4), loaded=tiny, log=lambda line: None)
+    try:
+        ids = [(7 * i + 1) % 48 for i in range(4 * PREFILL_CHUNK)]
+        first, retry = Job(ids, SamplingParams(), 2, 0), Job(ids, SamplingParams(), 2, 0)
+        decoder.submit(first)
+        time.sleep(0.4)  # inside its second chunk
+        decoder.submit(retry)
+        time.sleep(0.4)
+        first.cancel.set()  # its client's departure, noticed
+        got = [t.id for ev in retry.events() if isinstance(ev, Step) for t in ev.tokens if t.emitted]
+        assert decoder.prompt_cache.hits == 1 and decoder.interrupted_prefills == 1
+        assert got == reply(model, ids, 0, n=2, context=4096)
     finally:
         decoder.close()

@@ -283,6 +283,21 @@ def ngram_server(lm, expected):
 
 
 @pytest.fixture(scope="module")
+def parallel_server():
+    """The real default model on torch, decoding several requests together (``--parallel``'s default)."""
+    pytest.importorskip("greenlet", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
+    from mlxspec.serve import start_server
+
+    server = start_server(ServeOptions(draft="ngram:3", k=4, port=0, backend="torch"), log=lambda line: None)
+    assert server.decoder.parallel > 1
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.close()
+
+
+@pytest.fixture(scope="module")
 def cli_server():
     """``mlxspec serve -d none --port 0`` as a user runs it; stopped with Ctrl-C (SIGINT). Yields
     its URL, the process and the lines it has written to stderr so far: a thread reads them as
@@ -670,12 +685,15 @@ def test_a_long_prompt_lets_a_short_request_behind_it_run_between_its_chunks(ngr
 
 @pytest.mark.model
 @client_tests
-def test_a_retry_of_a_prompt_given_up_resumes_from_its_chunks(ngram_server):
+@pytest.mark.parametrize("serving", ["ngram_server", "parallel_server"])
+def test_a_retry_of_a_prompt_given_up_resumes_from_its_chunks(serving, request):
     """A client gives up a 1,050-token prompt after 1 s and sends it again at once, as a client
     library's retry does: the retry waits for the first to be given up (it does not run beside
-    it from nothing), then starts from the chunks it prefilled, with the reply of a clean run."""
-    url = ngram_server.url
-    cache = ngram_server.decoder.prompt_cache
+    it from nothing), then starts from the chunks it prefilled, with the reply of a clean run;
+    one request at a time (MLX) and several together (torch)."""
+    server = request.getfixturevalue(serving)
+    url = server.url
+    cache = server.decoder.prompt_cache
     prompt = "Retried: " + "the cat sat on the mat and " * 150
     give_up(url, {"prompt": prompt, "max_tokens": 3, "temperature": 0}, after=1.0)
     hits = cache.hits

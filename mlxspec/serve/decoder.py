@@ -72,6 +72,7 @@ class Job:
     max_tokens: int
     seed: int
     logprobs: int | None = None  # report each token's log-probability with this many alternatives
+    prefilled: bool = False  # its prompt is in the cache (its first event came)
     items: queue.Queue = field(default_factory=queue.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -210,10 +211,20 @@ class Decoder:
         self._ready.set()
 
         def take(block: bool) -> Job | None | object:
-            try:
-                return self.jobs.get(block=block)
-            except queue.Empty:
-                return batch.NO_JOB
+            # A request that starts with a chunk of a prompt still being prefilled (a client's
+            # retry) waits for it, as with one slot, then starts from the chunks it leaves kept.
+            for job in list(self._waiting):
+                if not self._behind_a_prefill(job):
+                    self._waiting.remove(job)
+                    return job
+            while True:
+                try:
+                    job = self.jobs.get(block=block)
+                except queue.Empty:
+                    return batch.NO_JOB
+                if job is None or not self._behind_a_prefill(job):
+                    return job
+                self._waiting.append(job)
 
         def decode(job: Job, slot: Session) -> None:
             self._running[id(job)] = job
@@ -223,6 +234,14 @@ class Decoder:
                 del self._running[id(job)]
 
         self.slots.serve(sessions, take, decode)
+        while self._waiting:  # stopped before their turn
+            job = self._waiting.popleft()
+            job.items.put(shutting_down())
+            job.items.put(_END)
+
+    def _behind_a_prefill(self, job: Job) -> bool:
+        return any(not other.prefilled and common_prefix(job.ids, other.ids) >= PREFILL_CHUNK
+                   for other in self._running.values())
 
     def _next_job(self) -> Job | None:
         """The next request: first those a long prompt left waiting for its cache, then the queue."""
@@ -277,6 +296,7 @@ class Decoder:
                                 interrupt=prefill_watch(between_chunks, len(job.ids), self._log))
         try:
             for ev in events:
+                job.prefilled = True
                 job.items.put(ev)
                 if job.cancel.is_set() and not isinstance(ev, Done):
                     self._cancelled(job)
