@@ -179,15 +179,15 @@ class SlowPrefill:
     """A torch twin whose prompt chunks (passes over many tokens) take ``delay_s`` longer."""
 
     def __init__(self, model, delay_s: float):
-        self.model, self.delay_s = model, delay_s
+        self.inner, self.delay_s = model, delay_s
 
     def __getattr__(self, name: str):
-        return getattr(self.model, name)
+        return getattr(self.inner, name)
 
     def __call__(self, tokens, *args, **kw):
         if tokens.shape[-1] > SOLO_ROWS:
             time.sleep(self.delay_s)
-        return self.model(tokens, *args, **kw)
+        return self.inner(tokens, *args, **kw)
 
 
 @pytest.mark.model
@@ -217,3 +217,38 @@ def test_a_retry_sent_before_the_first_is_given_up_waits_and_starts_from_its_chu
         assert got == reply(model, ids, 0, n=2, context=4096)
     finally:
         decoder.close()
+
+
+def test_prompt_chunks_take_turns_with_the_others_steps(monkeypatch):
+    """A long prompt's chunks run only once the others' steps have had as long as the last chunk
+    took: a short request sent beside it finishes between two of its chunks, not one step per
+    chunk; both replies as alone."""
+    from mlxspec.core import prefill as prefill_module
+
+    monkeypatch.setattr(prefill_module, "PREFILL_CHUNK", 2 * MAX_ROWS)
+    model, log = twin(), []
+
+    class Logged(SlowPrefill):
+        def __call__(self, tokens, *args, **kw):
+            log.append("chunk" if tokens.shape[-1] > MAX_ROWS else "step")
+            return super().__call__(tokens, *args, **kw)
+
+    def packed(m, passes):
+        log.append("step")
+        return batch.packed_forward(m, passes)
+
+    slow, long_prompt = Logged(model, 0.2), [(3 * i + 1) % 48 for i in range(4 * 2 * MAX_ROWS + 5)]
+    slots, out = Slots(slow, run_packed=packed), {}
+    jobs = queue.Queue()
+    for job in ((tuple(long_prompt), 0), (tuple(PROMPTS[0]), 1)):
+        jobs.put(job)
+    jobs.put(None)
+
+    def decode(job, _session) -> None:
+        out[job] = reply(SlotTarget(slow, slots), list(job[0]), job[1], context=2048)
+        log.append(f"done {len(job[0])}")
+
+    slots.serve([None] * 2, lambda block: jobs.get(block=block) if block or not jobs.empty() else NO_JOB, decode)
+    assert out == {job: reply(model, list(job[0]), job[1], context=2048) for job in out}
+    chunks = [i for i, entry in enumerate(log) if entry == "chunk"]
+    assert len(chunks) >= 3 and log.index(f"done {len(PROMPTS[0])}") < chunks[1]

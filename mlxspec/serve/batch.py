@@ -5,14 +5,16 @@ one thread: torch's OpenMP threads spin between passes only while their pools do
 the cores, and every thread that runs torch keeps a pool, so passes from several threads ran
 1.5x slower here. Where a slot's engine calls the target, its ``SlotTarget`` hands the pass to
 the ``Slots`` scheduler and the slot sleeps; once every busy slot has a pass waiting, the
-scheduler runs them all in a round: the short ones (decode and verify steps, at most
-``SOLO_ROWS`` tokens each) packed into one pass, so the weights are read once for all of them,
-and a prompt chunk alone, so a long prompt holds the others for a chunk at a time. Each pass's
-results are its own pass's bits (``torchpath.packed``), so every reply is the one it gets alone.
+scheduler runs a round: the short passes (decode and verify steps, at most ``SOLO_ROWS``
+tokens each) packed into one, so the weights are read once for all of them; longer ones alone;
+prompt chunks taking turns with the others' steps (``Slots._due``), so a long prompt neither
+holds them for its length nor slows each of their steps by a chunk. Each pass's results are its
+own pass's bits (``torchpath.packed``), so every reply is the one it gets alone.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -50,6 +52,7 @@ class Slots:
         self.model, self.run_packed = model, run_packed
         self.stats = RoundStats()
         self._members: set[greenlet.greenlet] = set()
+        self._chunks_s = self._steps_s = 0.0  # the last prompt chunk's time, the steps' since (``_due``)
 
     @property
     def busy(self) -> int:
@@ -69,6 +72,7 @@ class Slots:
         ``decode(job, session)`` in free slots, rounds of their passes between, until ``take``
         said stop and every slot is done."""
         free, busy = list(range(len(sessions)))[::-1], {}  # slot -> (greenlet, what to resume it with)
+        waiting: dict[int, Pass] = {}  # slot -> the pass it waits for
         taking = True
         while taking or busy:
             while taking and free:
@@ -82,17 +86,30 @@ class Slots:
                 g = greenlet.greenlet(lambda job=job, s=sessions[i]: decode(job, s))
                 self._members.add(g)
                 busy[i] = (g, ())
-            waiting = []
             for i, (g, resume) in list(busy.items()):
+                if i in waiting:  # its pass is still to run
+                    continue
                 asked = g.throw(resume) if isinstance(resume, BaseException) else g.switch(*resume)
                 if g.dead:
                     self._members.discard(g)
                     del busy[i]
                     free.append(i)
                 else:
-                    waiting.append((i, asked))
-            for (i, _), result in zip(waiting, self._round([p for _, p in waiting])):
+                    waiting[i] = asked
+            now = self._due(waiting)
+            for i, result in zip(now, self._round([waiting.pop(i) for i in now])):
                 busy[i] = (busy[i][0], result if isinstance(result, BaseException) else (result,))
+
+    def _due(self, waiting: dict[int, Pass]) -> list[int]:
+        """The slots whose passes run this round. Prompt chunks share the time with the others'
+        steps: while steps wait, a chunk runs only once steps have had as long since the last
+        chunk as that chunk took, so a long prompt neither holds the others for its whole length
+        nor makes every step of theirs wait for a chunk."""
+        chunks = [i for i, p in waiting.items() if p.rows > MAX_ROWS]
+        steps = [i for i in waiting if i not in chunks]
+        if chunks and (not steps or self._steps_s >= self._chunks_s):
+            return steps + chunks
+        return steps
 
     def _round(self, passes: list[Pass]) -> list[Any]:
         """Each pass's result, or the exception its group failed with."""
@@ -101,6 +118,7 @@ class Slots:
         self.stats.rounds += 1
         results: list[Any] = [None] * len(passes)
         for group in groups(passes):
+            t0 = time.perf_counter()
             try:
                 if len(group) == 1:  # a request decoding alone, or a prompt chunk: its own pass
                     p = passes[group[0]]
@@ -113,6 +131,11 @@ class Slots:
                 outs = [e] * len(group)
             for j, out in zip(group, outs):
                 results[j] = out
+            took = time.perf_counter() - t0
+            if passes[group[0]].rows > MAX_ROWS:
+                self._chunks_s, self._steps_s = took, 0.0
+            else:
+                self._steps_s += took
         return results
 
 
