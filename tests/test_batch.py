@@ -155,7 +155,7 @@ def test_the_default_server_decodes_several_requests_together_with_their_solo_re
         for t in threads:
             t.join()
         assert out == solo and all(len(t) >= 8 for t in solo)
-        assert max(decoder.slots.stats.packed_rows) >= 3
+        assert max(decoder.slots.stats.packed_rows) >= 3 and decoder.decoding == 0
     finally:
         decoder.close()
 

@@ -79,6 +79,7 @@ def test_clients_taking_turns_each_hit_their_cache_and_health_says_so(lm):
                 ids += got + [11]
         status, health = call(server, "GET", "/health")
         assert status == 200 and health["prompt_cache"]["entries"] == 2
+        assert (health["decoding"], health["parallel"]) == (0, 1)  # MLX: one request at a time
         assert (health["prompt_cache"]["hits"], health["prompt_cache"]["misses"]) == (4, 2)
         assert 0 < health["prompt_cache"]["bytes"] <= ServeOptions().prompt_cache_bytes
     finally:

@@ -45,6 +45,7 @@ def prefill_watch(stop: Callable[[], bool], prompt_tokens: int, log: Log, every:
 
     return interrupt
 
+
 def parallel_refused(parallel: int) -> MlxspecError:
     return MlxspecError(f"--parallel {parallel} decodes on the torch backend only (--backend torch); "
                         "on MLX requests decode one at a time")
@@ -132,7 +133,9 @@ class Decoder:
         self._current: Job | None = None
         self._running: dict[int, Job] = {}  # with --parallel N: the jobs its slots decode, by id
         self.slots: Any = None  # with --parallel N: the ``serve.batch.Slots`` scheduler
-        self._waiting: deque[Job] = deque()  # requests a long prompt left for its cache (``_serve_waiting``)
+        # requests that start with a chunk of a prompt being prefilled, held for its cache
+        # (``_serve_waiting``; with --parallel N, ``_run_slots``'s ``take``)
+        self._waiting: deque[Job] = deque()
         self._ready = threading.Event()
         self._closing = threading.Event()
         self._log: Log = log if log is not None else stderr_line
@@ -144,6 +147,11 @@ class Decoder:
         if self._failure is not None:
             self._thread.join()
             raise self._failure
+
+    @property
+    def decoding(self) -> int:
+        """Requests decoding now (their prompt or their reply)."""
+        return len(self._running) if self.slots is not None else int(self._current is not None)
 
     def submit(self, job: Job) -> None:
         if self._closing.is_set():

@@ -202,6 +202,7 @@ class Handler(BaseHTTPRequestHandler):
             cached = self.server.decoder.prompt_cache.stats()
             return self._json(200, {"status": "ok", "model": self.server.info.name,
                                     "queued": self.server.decoder.jobs.qsize(),
+                                    "decoding": self.server.decoder.decoding, "parallel": self.server.decoder.parallel,
                                     "prompt_cache": {"entries": cached.entries, "bytes": cached.nbytes,
                                                      "hits": cached.hits, "misses": cached.misses}})
         if path == "/v1/models":
@@ -406,8 +407,10 @@ def run_server(options: ServeOptions, log: Log) -> None:
     server = start_server(options, log=log)
     info = server.info
     spec = f"draft {info.drafter}, k {info.k}" if info.drafter else "target-only"
+    n = server.decoder.parallel
+    decoding = f"up to {n} requests decoding together" if n > 1 else "one request at a time"
     log(f"mlxspec serve: {info.name} ({spec}) on {server.url} (requests' default sampling "
-        f"{options.sampling.label}; Ctrl-C stops)")
+        f"{options.sampling.label}; {decoding}; Ctrl-C stops)")
     restore = _stop_on_sigterm()
     try:
         server.serve_forever()
