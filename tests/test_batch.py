@@ -252,3 +252,26 @@ def test_prompt_chunks_take_turns_with_the_others_steps(monkeypatch):
     assert out == {job: reply(model, list(job[0]), job[1], context=2048) for job in out}
     chunks = [i for i, entry in enumerate(log) if entry == "chunk"]
     assert len(chunks) >= 3 and log.index(f"done {len(PROMPTS[0])}") < chunks[1]
+
+
+@pytest.mark.model
+def test_without_greenlet_the_default_is_one_at_a_time_and_more_is_refused(lm, monkeypatch):
+    """torch installed without the extra (no greenlet): the server decodes one request at a time
+    rather than fail, and an explicit ``--parallel 2`` says what to install."""
+    import importlib.util
+
+    from mlxspec.errors import MlxspecError
+    from mlxspec.serve import ServeOptions
+    from mlxspec.serve.decoder import Decoder
+    from mlxspec.targets.loading import LoadedModel
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "greenlet" else find_spec(name, *a))
+    tiny = LoadedModel(twin(), lm.tokenizer, "tiny-random", lm.path, "float32", 512, "torch:cpu")
+    decoder = Decoder(ServeOptions(draft="ngram:3", k=2), loaded=tiny, log=lambda line: None)
+    try:
+        assert decoder.parallel == 1 and decoder.slots is None
+    finally:
+        decoder.close()
+    with pytest.raises(MlxspecError, match=r"mlxspec\[torch\]"):
+        Decoder(ServeOptions(draft="ngram:3", k=2, parallel=2), loaded=tiny, log=lambda line: None)

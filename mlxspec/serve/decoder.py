@@ -4,6 +4,7 @@ thread that waits for each."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import queue
 import threading
@@ -47,8 +48,8 @@ def prefill_watch(stop: Callable[[], bool], prompt_tokens: int, log: Log, every:
 
 
 def parallel_refused(parallel: int) -> MlxspecError:
-    return MlxspecError(f"--parallel {parallel} decodes on the torch backend only (--backend torch); "
-                        "on MLX requests decode one at a time")
+    return MlxspecError(f"--parallel {parallel} decodes on the torch backend only (--backend torch), with the torch "
+                        "extra installed (pip install 'mlxspec[torch]'); on MLX requests decode one at a time")
 
 
 _END = object()  # a job's last item
@@ -185,7 +186,9 @@ class Decoder:
         self.info = ModelInfo(lm.name, lm.tokenizer, lm.context_length, lm.config.vocab_size,
                               drafter.name if drafter else None, k)
         self.prompt_cache = session.kept
-        self.parallel = options.parallel or (1 if lm.backend == "mlx" else DEFAULT_PARALLEL)
+        # decoding together needs the torch extra's greenlet; without it the default is one at a time
+        together = lm.backend != "mlx" and importlib.util.find_spec("greenlet") is not None
+        self.parallel = options.parallel or (DEFAULT_PARALLEL if together else 1)
         if self.parallel > 1:
             self._run_slots(session, options)
         else:
@@ -207,7 +210,7 @@ class Decoder:
     def _run_slots(self, session: Session, options: ServeOptions) -> None:
         """Decode up to ``options.parallel`` requests together (``serve.batch``): each slot has its
         own drafter and K policy, all share the kept caches. Returns once ``close`` stopped them."""
-        if session.lm.backend == "mlx":
+        if session.lm.backend == "mlx" or importlib.util.find_spec("greenlet") is None:
             self._failure = parallel_refused(self.parallel)
             self._ready.set()
             return
