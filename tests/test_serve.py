@@ -440,7 +440,7 @@ def test_health_says_ok(ngram_server):
     resp = conn.getresponse()
     health = json.loads(resp.read())
     assert resp.status == 200 and health.pop("prompt_cache").keys() == {"entries", "bytes", "hits", "misses"}
-    assert health == {"status": "ok", "model": ngram_server.info.name, "queued": 0}
+    assert health == {"status": "ok", "model": ngram_server.info.name, "queued": 0, "decoding": 0, "parallel": 1}
     conn.close()
 
 
