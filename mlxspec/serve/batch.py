@@ -39,10 +39,6 @@ class RoundStats:
     rounds: int = 0
     packed_rows: list[int] = field(default_factory=list)
 
-    @property
-    def mean_rows(self) -> float:
-        return sum(self.packed_rows) / len(self.packed_rows) if self.packed_rows else 0.0
-
 
 class Slots:
     """Up to ``len(sessions)`` requests decoding together, slot i with ``sessions[i]`` (made by

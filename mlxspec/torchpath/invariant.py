@@ -243,15 +243,12 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
 
 
 class MaskBiases:
-    """The additive masks of ``chunked_attention``'s scores, each built once per pass: the last
-    ``KEEP`` built, with what each was built for, replaced as one tuple so that concurrent passes
-    never pair one pass's key with another's bias. Several, for a pass that packs several
-    sequences (``torchpath.packed``): each layer attends once per sequence, each with its own."""
-
-    KEEP = 16
+    """The additive mask of ``chunked_attention``'s scores, built once per pass: the last one
+    built, with what it was built for, replaced as one tuple so that concurrent passes never
+    pair one pass's key with another's bias."""
 
     def __init__(self) -> None:
-        self.last: tuple = ()
+        self.last: tuple | None = None
 
     def get(self, mask: torch.Tensor | None, B: int, hkv: int, group: int, L: int, S: int, width: int,
             like: torch.Tensor) -> torch.Tensor:
@@ -259,16 +256,15 @@ class MaskBiases:
         matrices, padded rows, width). The key holds the mask itself, so its id is not reused
         while the bias is kept."""
         key = (mask, B, hkv, group, L, S, width, like.dtype, like.device)
-        kept = self.last
-        for entry in kept:
-            if entry[0][0] is mask and entry[0][1:] == key[1:]:
-                return entry[1]
+        entry = self.last
+        if entry is not None and entry[0][0] is mask and entry[0][1:] == key[1:]:
+            return entry[1]
         keep = torch.ones(L, S, dtype=torch.bool, device=like.device) if mask is None else mask
         keep = keep.reshape(-1, L, S)  # (1 or B, L, S): one mask for the pass, or one per row (left padding)
         bias = torch.zeros(keep.shape[0], L, width, dtype=like.dtype, device=like.device)
         bias.masked_fill_(~F.pad(keep, (0, width - S)), float("-inf"))
         bias = _batched(bias[:, None, None].expand(B, hkv, group, L, width).reshape(B * hkv, group * L, width))
-        self.last = ((key, bias),) + kept[: self.KEEP - 1]
+        self.last = (key, bias)
         return bias
 
 

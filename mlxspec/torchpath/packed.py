@@ -4,8 +4,8 @@ module, so the weights are read once for all of them (decoding is bound by readi
 Every row is computed as in its own pass: the projections, norms and MLP are row-invariant
 (``invariant.make_batch_invariant``: a row has the same bits among 1 to 64 rows), RoPE is per
 position, and attention batches the sequences with each query kept to its own cache's keys by
-the mask, padding that adds exact zeros (``cache.PackedCaches``). So each sequence's logits have the bits of its own
-pass, and greedy replies decoded together equal those decoded alone.
+the mask, padding that adds exact zeros (``cache.PackedCaches``). So each sequence's logits have
+the bits of its own pass, and greedy replies decoded together equal those decoded alone.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ def packed_forward(model: Llama, passes: list[Pass]) -> list[Any]:
         raise ValueError(f"a packed pass holds {MAX_ROWS} rows at most")
     if model.threads is not None:
         model.threads.tick()
-    lengths = [p.rows for p in passes]
+    lengths, offsets = [p.rows for p in passes], [p.cache[0].offset for p in passes]
     h = model.model.embed_tokens(torch.cat([p.tokens.reshape(1, -1) for p in passes], dim=1).to(model.device))
-    inputs = [pass_inputs(n, p.cache[0].offset, p.mask, p.positions, h.device) for n, p in zip(lengths, passes)]
-    mask = packed_mask(lengths, [p.cache[0].offset for p in passes], [m for m, _ in inputs]).to(h.device)
+    inputs = [pass_inputs(n, o, p.mask, p.positions, h.device) for n, o, p in zip(lengths, offsets, passes)]
+    mask = packed_mask(lengths, offsets, [m for m, _ in inputs]).to(h.device)
     cos, sin = model.rope.tables(torch.cat([positions for _, positions in inputs]), h.dtype)
     taps = sorted({t for p in passes if isinstance(p.return_hidden, tuple) for t in p.return_hidden})
     tapped: dict[int, torch.Tensor] = {}
