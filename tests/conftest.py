@@ -15,7 +15,8 @@ _session_home: Path | None = None
 def pytest_configure(config: pytest.Config) -> None:
     """Give the test session a store of its own, so no result depends on what earlier runs left
     behind (cost curves, eagle-data shards, study logs) and nothing is written outside a temporary
-    folder. The pulled models are linked in, file by file: a test that deletes one removes a link."""
+    folder. The pulled models are linked in, file by file: a test that deletes one removes a link;
+    the compiled passes' folder as a whole."""
     global _session_home
     pulled = store.home() / "models"
     _session_home = Path(tempfile.mkdtemp(prefix="mlxspec-test-home-"))
@@ -27,6 +28,8 @@ def pytest_configure(config: pytest.Config) -> None:
             else:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.symlink_to(src.resolve())
+    if (compiled := store.home() / "compiled").is_dir():  # the default's compiled pass (make setup's), as a user has it
+        (_session_home / "compiled").symlink_to(compiled.resolve())
     os.environ["MLXSPEC_HOME"] = str(_session_home)
 
 

@@ -216,6 +216,8 @@ class Decoder:
             return
         from mlxspec.serve import batch
 
+        # a packed pass runs eager, and a reply must have the bits it has alone: every pass eager
+        session.lm.model.compiled = None
         self.slots = batch.Slots(session.lm.model)
         sessions = [batch.slot_session(session, self.slots, options.draft, options.k, options.tree)
                     for _ in range(self.parallel)]

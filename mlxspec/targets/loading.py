@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
             return source if guess == dtype else load(spec, dtype)
         from mlxspec.torchpath.load import to_torch
 
-        return to_torch(source, guess, "cpu")
+        return _with_compiled(to_torch(source, guess, "cpu"))
     if backend != "mlx":
         require_torch()
         from mlxspec.torchpath import pick_device
@@ -152,7 +153,7 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
 
         device = pick_device(split_backend(backend))
         dtype = torch_dtype(dtype, device)
-        return to_torch(load(spec, "quantized" if dtype == "quantized" else "float32"), dtype, device)
+        return _with_compiled(to_torch(load(spec, "quantized" if dtype == "quantized" else "float32"), dtype, device))
     dtype = resolve_dtype(dtype)
     name, path = resolve(spec)
     if path.is_dir():
@@ -166,3 +167,51 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
     else:
         raise MlxspecError(f"{path}: unknown model format (expected .gguf or an mlx-lm folder)")
     return LoadedModel(model, tok, name, path, dtype, ctx)
+
+
+def compiled_folder() -> Path:
+    return store.home() / "compiled"
+
+
+def _with_compiled(loaded: LoadedModel) -> LoadedModel:
+    """A torch target with its compiled pass where ``models pull`` compiled one for its shapes."""
+    from mlxspec.torchpath import compiled
+
+    if loaded.dtype == "quantized":
+        try:
+            loaded.model.compiled = compiled.load_from(loaded.model, compiled_folder())
+        except Exception as e:  # a damaged file: the eager pass decodes as well, slower
+            stderr_line(f"note: the compiled pass in {compiled_folder()} did not load ({type(e).__name__}: {e}); "
+                        "running eager (`mlxspec models pull` compiles it again)")
+    return loaded
+
+
+def compile_target(spec: str, log: Callable[[str], None]) -> None:
+    """Compile ``spec``'s pass into the store (``torchpath.compiled``) where torch runs it quantized
+    here; nothing where it already is, or where torch would not run it."""
+    if not torch_may_run("quantized"):
+        return
+    loaded = load(spec, "auto", backend="auto")
+    if not loaded.backend.startswith("torch") or loaded.dtype != "quantized":
+        return
+    from mlxspec.torchpath import compiled
+
+    if loaded.model.compiled is not None or not compiled.supported(loaded.model):
+        return
+    try:
+        folder = compiled.compile_to(loaded.model, compiled_folder(), log)
+    except Exception as e:  # no C++ compiler, for one: the eager pass decodes as well, slower
+        log(f"note: could not compile {loaded.name}'s pass ({type(e).__name__}: {str(e)[:300]}); it runs eager")
+        return
+    log(f"compiled {loaded.name}'s pass into {folder}")
+
+
+def pull(name: str, wheel: Path | None, compile_pass: bool, log: Callable[[str], None]) -> None:
+    """``mlxspec models pull``: a registry model into the store, or a hub repository into
+    huggingface-hub's cache; then, unless told not to, its compiled pass."""
+    if store.entry(name) is None and name != "default" and store.is_hub_id(name) and wheel is None:
+        store.hub_pull(name, log=log)
+    else:
+        store.pull(store.default_target() if name == "default" else name, wheel=wheel, log=log)
+    if compile_pass:
+        compile_target(name, log)

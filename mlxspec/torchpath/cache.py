@@ -22,18 +22,24 @@ class KVCache:
 
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = k.shape[-2]
-        if self.keys is None or self.offset + n > self.keys.shape[-2]:
-            grow = ((self.offset + n + self.step - 1) // self.step) * self.step
-            keys = k.new_zeros((*k.shape[:-2], grow, k.shape[-1]))
-            values = v.new_zeros((*v.shape[:-2], grow, v.shape[-1]))
-            if self.keys is not None:
-                keys[..., : self.offset, :] = self.keys[..., : self.offset, :]
-                values[..., : self.offset, :] = self.values[..., : self.offset, :]
-            self.keys, self.values = keys, values
+        self.reserve(self.offset + n, (*k.shape[:-2], k.shape[-1]), k.dtype, k.device)
         self.keys[..., self.offset : self.offset + n, :] = k
         self.values[..., self.offset : self.offset + n, :] = v
         self.offset += n
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    def reserve(self, positions: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        """Room for ``positions`` (``step``-aligned), the cached ones kept; ``shape``: (B, H, D).
+        The compiled pass writes its keys into the buffers in place."""
+        if self.keys is not None and positions <= self.keys.shape[-2]:
+            return
+        grow = ((positions + self.step - 1) // self.step) * self.step
+        keys = torch.zeros((*shape[:-1], grow, shape[-1]), dtype=dtype, device=device)
+        values = torch.zeros_like(keys)
+        if self.keys is not None:
+            keys[..., : self.offset, :] = self.keys[..., : self.offset, :]
+            values[..., : self.offset, :] = self.values[..., : self.offset, :]
+        self.keys, self.values = keys, values
 
     @property
     def state(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -221,19 +221,27 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     came alone or with the n - 1 after it (their keys are masked, and a masked key adds an
     exact zero), and a wholly masked block adds exact zeros. ``biases``: where the layers of a
     pass share the bias built by the first (``make_batch_invariant`` gives each model one)."""
-    B, H, L, D = q.shape
+    B, H, L, _ = q.shape
     hkv, S = k.shape[1], k.shape[2]
-    group, rows = H // hkv, H // hkv * L
     width = S + (-S % KEY_BLOCK)
-    blocks, mats = width // KEY_BLOCK, B * hkv
+    bias = (biases or MaskBiases()).get(mask, B, hkv, H // hkv, L, S, width, q)  # (matrices, padded rows, width)
+    return biased_attention(q, _widened(k, width), _widened(v, width), bias, scale)
+
+
+def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """``chunked_attention`` with its keys and values already ``width`` (a multiple of
+    ``KEY_BLOCK``) positions and its mask already a bias (``MaskBiases.get``)."""
+    B, H, L, D = q.shape
+    hkv, width = k.shape[1], k.shape[2]
+    rows, blocks, mats = H // hkv * L, width // KEY_BLOCK, B * hkv
     padded_rows = max(rows, MIN_ROWS)  # and at least two matrices (``_batched``)
     queries = _batched(q.reshape(mats, rows, D))
-    keys = _batched(_widened(k, width).reshape(mats, width, D))
-    bias = (biases or MaskBiases()).get(mask, B, hkv, group, L, S, width, q)  # (matrices, padded rows, width)
+    keys = _batched(k.reshape(mats, width, D))
     scores = torch.baddbmm(bias, queries, keys.transpose(1, 2), alpha=scale)
     p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # the max is exact in any order
     sums = p.view(-1, padded_rows, blocks, KEY_BLOCK).sum(dim=-1)  # per block: one shape for every query
-    values = _batched(_widened(v, width).reshape(mats, width, D))
+    values = _batched(v.reshape(mats, width, D))
     acc, total = None, None
     for i in range(blocks):  # in order: a wholly masked block adds exact zeros
         cols = slice(i * KEY_BLOCK, (i + 1) * KEY_BLOCK)

@@ -215,6 +215,7 @@ class Llama(nn.Module):
         self.threads = None  # a ThreadGovernor on the CPU (``torchpath.load``)
         self.packed_head: Any = None  # a PackedWeight once make_batch_invariant ran (not a submodule)
         self.batch_invariant = False  # set by invariant.make_batch_invariant
+        self.compiled: Any = None  # a compiled.CompiledStack where one was compiled for this model's shapes
 
     @classmethod
     def from_mlx(cls, mlx_model: Any, device: str = "cpu", dtype: str = "float32") -> Llama:
@@ -253,6 +254,9 @@ class Llama(nn.Module):
         offset = cache[0].offset if cache else 0
         mask, positions = pass_inputs(h.shape[1], offset, mask, positions, h.device)
         cos, sin = self.rope.tables(positions, h.dtype)
+        if self.compiled is not None and num_layers in (None, len(self.layers)) and self.compiled.takes(h, cache, mask):
+            h, entering = self.compiled(h, cache, mask, cos, sin)
+            return h, [(*entering, h)[i] for i in taps]
         layers = self.layers[:num_layers]
         tapped = []
         for i, (layer, c) in enumerate(zip(layers, cache or [None] * len(layers))):

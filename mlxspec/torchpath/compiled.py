@@ -1,0 +1,275 @@
+"""The quantized target's blocks as one compiled graph: 1.4-1.9x faster, rows still invariant.
+
+The one-token pass on the CPU is dispatch-bound: ~6,100 torch calls, most of them small
+elementwise ones and the Python between them, beside the int4 products and the head
+(benchmarks/notes/2026-12-04-compiled-target-pass.md). Inductor fuses the norms, RoPE, cache
+writes, softmax and residual adds of all the blocks into a few C++ loops around the library
+products (the int4 kernel, the batched attention products).
+
+Exactness is kept the way ``invariant`` keeps it, within the compiled pass: a row of a verify
+pass has the bits of the one-token pass at its position (products on at least 4 rows, the
+softmax summed per key block, then the blocks in order), which the tests check bitwise for
+chains, trees and both thread counts. The compiled pass's bits are not the eager pass's
+(inductor orders the norm's and the softmax's sums its own way, a last-bit difference), so a
+model decodes either every pass compiled or none: ``takes`` covers every pass of one sequence
+on plain caches; a packed pass of several (``serve --parallel``) runs eager, with the
+compiled stack set aside for the server's life.
+
+Compiled ahead of time (``mlxspec models pull`` does it, a minute or two here) with torch's AOT
+precompile, two graphs (one token; two or more: dynamo specializes a size of 1), the token count
+and key width dynamic, saved in the store keyed by torch, Python, this file and the model's
+shapes; a process loads them in about two seconds without tracing again. The graphs take the
+weights as inputs, so a file serves any model of the same shapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mlxspec.torchpath.cache import KVCache
+from mlxspec.torchpath.int4 import Int4Linear, Int4Weight
+from mlxspec.torchpath.invariant import KEY_BLOCK, LANES, MaskBiases
+
+GRAPHS = ("one", "many")
+# With one key block inductor specializes the block sums into another graph: every pass attends
+# over two or more (a wholly masked block adds exact zeros).
+MIN_BLOCKS = 2
+
+
+def _product(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
+             group_size: int) -> torch.Tensor:
+    """``int4.Int4Weight``'s product, on its operands."""
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), packed,
+                                                     group_size, scales_zeros).float()
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, traditional: bool) -> torch.Tensor:
+    """``model.Rope.rotate``."""
+    if traditional:
+        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    else:
+        swapped = torch.cat(x.chunk(2, dim=-1)[::-1], dim=-1)
+    return x * cos + swapped * sin
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """``invariant.chunked_attention``'s arithmetic over the first ``bias.shape[-1]`` positions of
+    the cache's buffers: q (1, H, L, D); keys, values (1, Hkv, capacity, D); ``bias`` (matrices,
+    padded rows, width), width a multiple of ``KEY_BLOCK``. Both products batched library calls
+    on operands of at least 4 rows and two matrices; the softmax's sums per key block, then the
+    blocks in order, so a query's bits do not depend on the rows beside it."""
+    _, H, L, D = q.shape
+    heads = keys.shape[1]
+    mats, rows, width = bias.shape
+    queries = F.pad(q.reshape(heads, H // heads * L, D), (0, 0, 0, rows - H // heads * L, 0, mats - heads))
+    k = F.pad(keys[0, :, :width], (0, 0, 0, 0, 0, mats - heads))
+    v = F.pad(values[0, :, :width], (0, 0, 0, 0, 0, mats - heads))
+    scores = torch.baddbmm(bias, queries, k.transpose(1, 2), alpha=scale)
+    p = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).view(mats, rows, width // KEY_BLOCK, KEY_BLOCK)
+    total = p.sum(dim=-1).sum(dim=-1)
+    out = torch.matmul(p.transpose(1, 2), v.view(mats, width // KEY_BLOCK, KEY_BLOCK, D)).sum(dim=1)
+    return (out[:heads, : H // heads * L] / total[:heads, : H // heads * L, None]).view(1, H, L, D)
+
+
+def block(h: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+          keys: torch.Tensor, values: torch.Tensor, weights: tuple, shape: tuple) -> torch.Tensor:
+    """One llama block (``model.Block`` with ``invariant``'s kernels) over ``h`` (1, L, hidden),
+    writing its keys and values into the cache's buffers at positions ``slots`` (L,)."""
+    (norm1, qkv, qkv_sz, qkv_bias, o, o_sz, o_bias, norm2, gate_up, gate_up_sz, gate_up_bias,
+     down, down_sz, down_bias) = weights
+    heads, kv_heads, head_dim, eps, scale, traditional, group = shape
+    _, L, _ = h.shape
+    x = F.rms_norm(h, (h.shape[-1],), norm1, eps)
+    qk, v = _product(x, qkv, qkv_sz, qkv_bias, group).split([(heads + kv_heads) * head_dim, kv_heads * head_dim],
+                                                           dim=-1)
+    q, k = _rotate(qk.reshape(1, L, -1, head_dim).transpose(1, 2), cos, sin, traditional).split(
+        [heads, kv_heads], dim=1)
+    keys.index_copy_(2, slots, k)
+    values.index_copy_(2, slots, v.reshape(1, L, kv_heads, head_dim).transpose(1, 2))
+    out = _attend(q, keys, values, bias, scale).transpose(1, 2).reshape(1, L, -1)
+    h = h + _product(out, o, o_sz, o_bias, group)
+    x = F.rms_norm(h, (h.shape[-1],), norm2, eps)
+    gate, up = _product(x, gate_up, gate_up_sz, gate_up_bias, group).chunk(2, dim=-1)
+    return h + _product(F.silu(gate) * up, down, down_sz, down_bias, group)
+
+
+def stack(h: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+          kv: list, weights: list, shape: tuple) -> tuple[torch.Tensor, ...]:
+    """Every block in turn, the function compiled: the output, then the residual stream entering
+    each block (an EAGLE-3 head drafts from some of them; writing them all costs little)."""
+    entering = []
+    for (keys, values), w in zip(kv, weights):
+        entering.append(h)
+        h = block(h, slots, cos, sin, bias, keys, values, w, shape)
+    return (h, *entering)
+
+
+def supported(model: Any) -> bool:
+    """The graph is written for llama blocks on the int4 kernel with the row-invariant attention:
+    the default's file read quantized, every block's q, k, v fused, no q/k norms."""
+    cfg = model.cfg
+    if not getattr(model, "batch_invariant", False) or cfg.qk_norm:
+        return False
+    if cfg.hidden_size % LANES or cfg.intermediate_size % LANES:
+        return False  # inductor's elementwise loops run flat over the rows: whole vectors per row keep a row's bits
+    for b in model.layers:
+        kernels = (b.self_attn.fused_qkv, b.self_attn.o_proj, b.mlp.fused_gate_up, b.mlp.down_proj)
+        if not (isinstance(kernels[0], Int4Weight) and isinstance(kernels[2], Int4Weight)
+                and isinstance(kernels[1], Int4Linear) and isinstance(kernels[3], Int4Linear)):
+            return False
+    return True
+
+
+def key(model: Any) -> str:
+    """What a compiled file is valid for: torch, Python (the saved bytecode), this file, the shapes."""
+    cfg = model.cfg
+    shapes = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+              cfg.rms_norm_eps, cfg.attn_scale, model.rope.traditional, cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias,
+              model.layers[0].self_attn.fused_qkv.group_size)
+    code = Path(__file__).read_bytes()
+    text = f"{torch.__version__}|{sys.version_info[:3]}|{shapes}".encode()
+    return hashlib.sha256(text + code).hexdigest()[:16]
+
+
+class CompiledStack:
+    """``model``'s blocks through the two compiled graphs, on its ``KVCache`` list."""
+
+    def __init__(self, model: Any, graphs: dict[str, Callable]):
+        cfg = model.cfg
+        model(torch.tensor([[0]]), None)  # packs the int4 weights (their packing is lazy)
+        self.graphs = graphs
+        self.shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.attn_scale,
+                      model.rope.traditional, model.layers[0].self_attn.fused_qkv.group_size)
+        self.weights = [_weights(b) for b in model.layers]
+        self.kv_heads, self.group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
+        self.biases = MaskBiases()
+
+    def takes(self, h: torch.Tensor, cache: Any, mask: Any) -> bool:
+        """A pass of one sequence on plain caches with one mask for it: every pass of a decode."""
+        return (h.shape[0] == 1 and bool(cache) and type(cache[0]) is KVCache
+                and (mask is None or mask.dim() == 2))
+
+    def __call__(self, h: torch.Tensor, cache: Sequence[KVCache], mask: torch.Tensor | None,
+                 cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The blocks' output and the residual stream entering each block."""
+        offset, n = cache[0].offset, h.shape[1]
+        seen = offset + n
+        width = max(seen + (-seen % KEY_BLOCK), MIN_BLOCKS * KEY_BLOCK)
+        for c in cache:  # a block to spare: the graphs were traced with buffers wider than the keys attended
+            c.reserve(width + KEY_BLOCK, (1, self.kv_heads, self.shape[2]), h.dtype, h.device)
+        bias = self.biases.get(mask, 1, self.kv_heads, self.group, n, seen, width, h)
+        slots = torch.arange(offset, seen, device=h.device)
+        kv = [(c.keys, c.values) for c in cache]
+        with torch.no_grad():
+            h, *entering = self.graphs["one" if n == 1 else "many"](h, slots, cos, sin, bias, kv, self.weights,
+                                                                     self.shape)
+        for c in cache:
+            c.offset = seen
+        return h, tuple(entering)
+
+
+def _weights(b: Any) -> tuple:
+    attn, mlp = b.self_attn, b.mlp
+    ops = [attn.fused_qkv, attn.o_proj.kernel, mlp.fused_gate_up, mlp.down_proj.kernel]
+    (qkv, o, gate_up, down) = [(k.packed, k.scales_zeros, k.bias) for k in ops]
+    return (b.input_layernorm.weight, *qkv, *o, b.post_attention_layernorm.weight, *gate_up, *down)
+
+
+def _keep_serializable(entries: list) -> list[bool]:
+    """The guards a saved graph can carry, less the global-state one: it includes torch's thread
+    count, which the ThreadGovernor changes with the load (the graphs read it when they run)."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsaved = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [not (e.is_global or e.guard_type == "GLOBAL_STATE" or e.guard_type in unsaved) for e in entries]
+
+
+def _example(model: Any, tokens: int) -> tuple:
+    """The arguments of a pass of ``tokens`` after 300 cached ones, with the cache's buffers
+    wider than the keys attended (as after a rewind), sizes marked dynamic where they vary."""
+    stack_ = CompiledStack(model, {})
+    cache = model.make_cache()
+    with torch.no_grad():
+        model(torch.zeros((1, 300), dtype=torch.long), cache)
+    h = model.model.embed_tokens(torch.zeros((1, tokens), dtype=torch.long))
+    seen = 300 + tokens
+    width = max(seen + (-seen % KEY_BLOCK), MIN_BLOCKS * KEY_BLOCK)
+    for c in cache:
+        c.reserve(width + KEY_BLOCK, (1, stack_.kv_heads, stack_.shape[2]), h.dtype, h.device)
+    mask = None if tokens == 1 else torch.ones((tokens, seen), dtype=torch.bool).tril(300)
+    bias = stack_.biases.get(mask, 1, stack_.kv_heads, stack_.group, tokens, seen, width, h)
+    cos, sin = model.rope.tables(torch.arange(300, seen), h.dtype)
+    slots = torch.arange(300, seen)
+    kv = [(c.keys, c.values) for c in cache]
+    for k, v in kv:
+        torch._dynamo.mark_dynamic(k, 2)
+        torch._dynamo.mark_dynamic(v, 2)
+    torch._dynamo.mark_dynamic(bias, 2)
+    if tokens > 1:
+        for x, dim in ((h, 1), (slots, 0), (cos, 2), (sin, 2), (bias, 1)):
+            torch._dynamo.mark_dynamic(x, dim)
+    return h, slots, cos, sin, bias, kv, stack_.weights, stack_.shape
+
+
+@contextmanager
+def _inductor_cache(folder: Path) -> Iterator[None]:
+    """Inductor builds the graphs' C++ into its cache folder when a process loads them: kept
+    beside the graphs, a later load takes seconds instead of a rebuild (16 s here). Torch reads
+    the variable at every use, so whatever it held before comes back afterwards."""
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
+def compile_to(model: Any, folder: Path, log: Callable[[str], None] = lambda _: None) -> Path:
+    """Compile ``model``'s two graphs into ``folder/<key>/`` (minutes on two cores); the folder."""
+    if not supported(model):
+        raise ValueError("only a llama-type target read quantized on the int4 kernel compiles")
+    out = folder / key(model)
+    out.mkdir(parents=True, exist_ok=True)
+    for i, (name, tokens) in enumerate(zip(GRAPHS, (1, 3)), start=1):
+        log(f"compiling the target's {'one-token' if tokens == 1 else 'several-token'} pass ({i}/2) ...")
+        start = time.perf_counter()
+        fn = torch.compile(stack, fullgraph=True, options={"guard_filter_fn": _keep_serializable})
+        with _inductor_cache(folder):
+            compiled = fn.aot_compile((_example(model, tokens), {}))
+        compiled.save_compiled_function(str(out / f"{name}.bin"))
+        log(f"  done in {time.perf_counter() - start:.0f} s")
+    return out
+
+
+def load_from(model: Any, folder: Path) -> CompiledStack | None:
+    """``model``'s compiled stack from ``folder`` (``compile_to``'s), or None where it has none."""
+    if not supported(model):
+        return None
+    files = [folder / key(model) / f"{name}.bin" for name in GRAPHS]
+    if not all(f.exists() for f in files):
+        return None
+    graphs = {}
+    for name, f in zip(GRAPHS, files):
+        with open(f, "rb") as fh, _inductor_cache(folder):
+            graphs[name] = torch.compiler.load_compiled_function(fh, f_globals=globals())
+        # Dynamo's guards would check ~500 tensors a call (0.5 ms here) and refuse inference-mode
+        # tensors; ``CompiledStack`` builds every input itself, of the shapes the key vouches for.
+        graphs[name].disable_guard_check()
+    return CompiledStack(model, graphs)
