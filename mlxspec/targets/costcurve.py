@@ -109,7 +109,9 @@ def _device_of(lm: Any) -> str:
     if backend == "mlx":
         return device_name()
     # the batch-invariant kernels have their own curve: one cached before them would mislead --k auto
-    kernels = "-invariant" if getattr(getattr(lm, "model", None), "batch_invariant", False) else ""
+    model = getattr(lm, "model", None)
+    kernels = "-invariant" if getattr(model, "batch_invariant", False) else ""
+    kernels += "-compiled" if getattr(model, "compiled", None) is not None else ""  # (torchpath.compiled)
     return backend.replace(":", "-") + kernels + f"-{_torch_threads()}t"
 
 

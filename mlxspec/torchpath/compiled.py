@@ -76,8 +76,9 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: tor
     heads = keys.shape[1]
     mats, rows, width = bias.shape
     queries = F.pad(q.reshape(heads, H // heads * L, D), (0, 0, 0, rows - H // heads * L, 0, mats - heads))
-    k = F.pad(keys[0, :, :width], (0, 0, 0, 0, 0, mats - heads))
-    v = F.pad(values[0, :, :width], (0, 0, 0, 0, 0, mats - heads))
+    k, v = keys[0, :, :width], values[0, :, :width]  # read in place: a copy was 24 MB a pass at 512 keys
+    if mats > heads:  # one key head: the products batch two matrices (``invariant._batched``)
+        k, v = F.pad(k, (0, 0, 0, 0, 0, mats - heads)), F.pad(v, (0, 0, 0, 0, 0, mats - heads))
     scores = torch.baddbmm(bias, queries, k.transpose(1, 2), alpha=scale)
     p = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).view(mats, rows, width // KEY_BLOCK, KEY_BLOCK)
     total = p.sum(dim=-1).sum(dim=-1)
