@@ -17,7 +17,8 @@ one-token pass (``tests/test_int4.py`` checks the whole pass, n = 1..8, bitwise)
 speculation on it equals its own target-only decoding by construction.
 
 Layers the kernel does not take (other bit widths, the 8-bit embedding, float layers) stay
-float32, dequantized.
+float32, dequantized; a head tied to the embedding multiplies in bfloat16 beside them (half the
+bytes of a pass's largest product; ``invariant.make_batch_invariant``).
 """
 
 from __future__ import annotations

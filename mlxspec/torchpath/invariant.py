@@ -166,9 +166,17 @@ def make_batch_invariant(model: nn.Module) -> bool:
     if isinstance(head, Int4Linear):
         model.packed_head = head.kernel
     else:
-        model.packed_head = PackedWeight(model.model.embed_tokens.weight if head is None else head.weight)
+        # Beside the file's 4-bit layers (whose kernel rounds its activations to bfloat16 anyway) the
+        # head reads its 49,152 x 576 table in bfloat16: 1.9 ms a pass against 3.6 in float32.
+        quantized = any(isinstance(m, Int4Linear) for m in model.modules()) and bf16_native()
+        model.packed_head = PackedWeight(model.model.embed_tokens.weight if head is None else head.weight,
+                                         dtype=torch.bfloat16 if quantized else torch.float32)
     model.batch_invariant = True
     return True
+
+
+def bf16_native() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def padded_silu(x: torch.Tensor) -> torch.Tensor:

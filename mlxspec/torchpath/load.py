@@ -15,7 +15,7 @@ from mlxspec.core.model import Llama as MlxLlama
 from mlxspec.errors import MlxspecError
 from mlxspec.torchpath import default_dtype, pick_device
 from mlxspec.torchpath.int4 import Int4Linear
-from mlxspec.torchpath.invariant import make_batch_invariant, pack_linears
+from mlxspec.torchpath.invariant import bf16_native, make_batch_invariant, pack_linears
 from mlxspec.torchpath.model import DTYPES, DraftModel, Eagle3Head as TorchEagle3Head, EagleHead as TorchEagleHead, Llama
 from mlxspec.torchpath.threads import ThreadGovernor
 
@@ -84,8 +84,7 @@ def draft_model_on_torch(drafter: ModelDrafter, target: Any) -> ModelDrafter:
 def draft_dtype() -> torch.dtype:
     """A draft's numbers need not be the target's: bfloat16 halves the bytes a head step reads
     (0.69 ms against 1.68 for the eagle head here), where oneDNN runs it natively."""
-    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return torch.bfloat16 if native else torch.float32
+    return torch.bfloat16 if bf16_native() else torch.float32
 
 
 def _dtype_name(dtype: Any) -> str:
