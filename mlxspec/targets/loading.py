@@ -9,8 +9,8 @@ weights in the per-device format, the tokenizer, and what we know about it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -1,4 +1,4 @@
-"""The quantized target's blocks as one compiled graph: 1.4-1.9x faster, rows still invariant.
+"""The quantized target's blocks as one compiled graph: 1.6-1.9x faster, rows still invariant.
 
 The one-token pass on the CPU is dispatch-bound: ~6,100 torch calls, most of them small
 elementwise ones and the Python between them, beside the int4 products and the head
@@ -18,7 +18,7 @@ compiled stack set aside for the server's life.
 Compiled ahead of time (``mlxspec models pull`` does it, a minute or two here) with torch's AOT
 precompile, two graphs (one token; two or more: dynamo specializes a size of 1), the token count
 and key width dynamic, saved in the store keyed by torch, Python, this file and the model's
-shapes; a process loads them in about two seconds without tracing again. The graphs take the
+shapes; a process loads them in under a second without tracing again. The graphs take the
 weights as inputs, so a file serves any model of the same shapes.
 """
 
@@ -37,32 +37,14 @@ import torch
 import torch.nn.functional as F
 
 from mlxspec.torchpath.cache import KVCache
-from mlxspec.torchpath.int4 import Int4Linear, Int4Weight
+from mlxspec.torchpath.int4 import Int4Linear, Int4Weight, product
 from mlxspec.torchpath.invariant import KEY_BLOCK, LANES, MaskBiases
+from mlxspec.torchpath.model import rotate
 
 GRAPHS = ("one", "many")
 # With one key block inductor specializes the block sums into another graph: every pass attends
 # over two or more (a wholly masked block adds exact zeros).
 MIN_BLOCKS = 2
-
-
-def _product(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
-             group_size: int) -> torch.Tensor:
-    """``int4.Int4Weight``'s product, on its operands."""
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), packed,
-                                                     group_size, scales_zeros).float()
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, traditional: bool) -> torch.Tensor:
-    """``model.Rope.rotate``."""
-    if traditional:
-        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    else:
-        swapped = torch.cat(x.chunk(2, dim=-1)[::-1], dim=-1)
-    return x * cos + swapped * sin
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
@@ -95,17 +77,17 @@ def block(h: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     heads, kv_heads, head_dim, eps, scale, traditional, group = shape
     _, L, _ = h.shape
     x = F.rms_norm(h, (h.shape[-1],), norm1, eps)
-    qk, v = _product(x, qkv, qkv_sz, qkv_bias, group).split([(heads + kv_heads) * head_dim, kv_heads * head_dim],
+    qk, v = product(x, qkv, qkv_sz, qkv_bias, group).split([(heads + kv_heads) * head_dim, kv_heads * head_dim],
                                                            dim=-1)
-    q, k = _rotate(qk.reshape(1, L, -1, head_dim).transpose(1, 2), cos, sin, traditional).split(
+    q, k = rotate(qk.reshape(1, L, -1, head_dim).transpose(1, 2), cos, sin, traditional).split(
         [heads, kv_heads], dim=1)
     keys.index_copy_(2, slots, k)
     values.index_copy_(2, slots, v.reshape(1, L, kv_heads, head_dim).transpose(1, 2))
     out = _attend(q, keys, values, bias, scale).transpose(1, 2).reshape(1, L, -1)
-    h = h + _product(out, o, o_sz, o_bias, group)
+    h = h + product(out, o, o_sz, o_bias, group)
     x = F.rms_norm(h, (h.shape[-1],), norm2, eps)
-    gate, up = _product(x, gate_up, gate_up_sz, gate_up_bias, group).chunk(2, dim=-1)
-    return h + _product(F.silu(gate) * up, down, down_sz, down_bias, group)
+    gate, up = product(x, gate_up, gate_up_sz, gate_up_bias, group).chunk(2, dim=-1)
+    return h + product(F.silu(gate) * up, down, down_sz, down_bias, group)
 
 
 def stack(h: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
@@ -164,22 +146,28 @@ class CompiledStack:
         return (h.shape[0] == 1 and bool(cache) and type(cache[0]) is KVCache
                 and (mask is None or mask.dim() == 2))
 
-    def __call__(self, h: torch.Tensor, cache: Sequence[KVCache], mask: torch.Tensor | None,
-                 cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """The blocks' output and the residual stream entering each block."""
+    def inputs(self, h: torch.Tensor, cache: Sequence[KVCache], mask: torch.Tensor | None, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple:
+        """The graphs' arguments for a pass of ``h`` after the cached positions, the caches grown
+        to hold it and a key block to spare (the graphs were traced with buffers wider than the
+        keys attended)."""
         offset, n = cache[0].offset, h.shape[1]
         seen = offset + n
         width = max(seen + (-seen % KEY_BLOCK), MIN_BLOCKS * KEY_BLOCK)
-        for c in cache:  # a block to spare: the graphs were traced with buffers wider than the keys attended
+        for c in cache:
             c.reserve(width + KEY_BLOCK, (1, self.kv_heads, self.shape[2]), h.dtype, h.device)
         bias = self.biases.get(mask, 1, self.kv_heads, self.group, n, seen, width, h)
         slots = torch.arange(offset, seen, device=h.device)
-        kv = [(c.keys, c.values) for c in cache]
+        return h, slots, cos, sin, bias, [(c.keys, c.values) for c in cache], self.weights, self.shape
+
+    def __call__(self, h: torch.Tensor, cache: Sequence[KVCache], mask: torch.Tensor | None,
+                 cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The blocks' output and the residual stream entering each block."""
+        n = h.shape[1]
         with torch.no_grad():
-            h, *entering = self.graphs["one" if n == 1 else "many"](h, slots, cos, sin, bias, kv, self.weights,
-                                                                     self.shape)
+            h, *entering = self.graphs["one" if n == 1 else "many"](*self.inputs(h, cache, mask, cos, sin))
         for c in cache:
-            c.offset = seen
+            c.offset += n
         return h, tuple(entering)
 
 
@@ -200,22 +188,16 @@ def _keep_serializable(entries: list) -> list[bool]:
 
 
 def _example(model: Any, tokens: int) -> tuple:
-    """The arguments of a pass of ``tokens`` after 300 cached ones, with the cache's buffers
-    wider than the keys attended (as after a rewind), sizes marked dynamic where they vary."""
-    stack_ = CompiledStack(model, {})
+    """The arguments of a pass of ``tokens`` after 300 cached ones, sizes marked dynamic where
+    they vary."""
     cache = model.make_cache()
     with torch.no_grad():
         model(torch.zeros((1, 300), dtype=torch.long), cache)
     h = model.model.embed_tokens(torch.zeros((1, tokens), dtype=torch.long))
-    seen = 300 + tokens
-    width = max(seen + (-seen % KEY_BLOCK), MIN_BLOCKS * KEY_BLOCK)
-    for c in cache:
-        c.reserve(width + KEY_BLOCK, (1, stack_.kv_heads, stack_.shape[2]), h.dtype, h.device)
-    mask = None if tokens == 1 else torch.ones((tokens, seen), dtype=torch.bool).tril(300)
-    bias = stack_.biases.get(mask, 1, stack_.kv_heads, stack_.group, tokens, seen, width, h)
-    cos, sin = model.rope.tables(torch.arange(300, seen), h.dtype)
-    slots = torch.arange(300, seen)
-    kv = [(c.keys, c.values) for c in cache]
+    mask = None if tokens == 1 else torch.ones((tokens, 300 + tokens), dtype=torch.bool).tril(300)
+    cos, sin = model.rope.tables(torch.arange(300, 300 + tokens), h.dtype)
+    args = CompiledStack(model, {}).inputs(h, cache, mask, cos, sin)
+    h, slots, cos, sin, bias, kv = args[:6]
     for k, v in kv:
         torch._dynamo.mark_dynamic(k, 2)
         torch._dynamo.mark_dynamic(v, 2)
@@ -223,7 +205,7 @@ def _example(model: Any, tokens: int) -> tuple:
     if tokens > 1:
         for x, dim in ((h, 1), (slots, 0), (cos, 2), (sin, 2), (bias, 1)):
             torch._dynamo.mark_dynamic(x, dim)
-    return h, slots, cos, sin, bias, kv, stack_.weights, stack_.shape
+    return args
 
 
 @contextmanager

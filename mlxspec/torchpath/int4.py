@@ -90,6 +90,16 @@ class Int4Linear(nn.Module):
         return self.kernel(x)
 
 
+def product(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
+            group_size: int) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` on ``Int4Weight``'s packed operands, in float32 (the compiled pass
+    calls it on the same operands)."""
+    rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, group_size, scales_zeros)
+    out = out.float() if bias is None else out.float() + bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 def unpack(words: torch.Tensor) -> torch.Tensor:
     """(N, K / 8) words -> (N, K) int32 in 0..15."""
     shifts = torch.arange(0, 32, BITS, dtype=torch.int32)
@@ -116,10 +126,7 @@ class Int4Weight:
         if versions != self.versions:
             self._pack()
             self.versions = versions
-        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
-        out = out.float() if self.bias is None else out.float() + self.bias
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+        return product(x, self.packed, self.scales_zeros, self.bias, self.group_size)
 
     def _pack(self) -> None:
         q = unpack(torch.cat([m.weight for m in self.layers]))

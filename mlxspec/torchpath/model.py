@@ -88,13 +88,18 @@ class Rope:
         return cos[None, None], sin[None, None]
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Each pair (x1, x2) to (x1 cos - x2 sin, x2 cos + x1 sin): the products and sums MLX's
-        rope rounds, in three whole-tensor operations after the pairs are swapped."""
-        if self.traditional:
-            swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-        else:
-            swapped = torch.cat(x.chunk(2, dim=-1)[::-1], dim=-1)
-        return x * cos + swapped * sin
+        return rotate(x, cos, sin, self.traditional)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, traditional: bool) -> torch.Tensor:
+    """Each pair (x1, x2) to (x1 cos - x2 sin, x2 cos + x1 sin): the products and sums MLX's
+    rope rounds, in three whole-tensor operations after the pairs are swapped (``Rope.tables``'
+    layout; ``traditional``: pairs (2i, 2i + 1), else (i, i + D/2))."""
+    if traditional:
+        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    else:
+        swapped = torch.cat(x.chunk(2, dim=-1)[::-1], dim=-1)
+    return x * cos + swapped * sin
 
 
 class RMSNorm(nn.Module):
