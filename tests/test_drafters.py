@@ -53,6 +53,22 @@ def test_ngram_without_a_match_proposes_nothing():
     assert proposal.tokens.size == 0 and proposal.q is None and proposal.is_chain
 
 
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 5), min_n=st.integers(1, 5), k=st.integers(1, 4),
+       history=st.lists(st.integers(0, 4), min_size=1, max_size=40))
+def test_ngram_drafts_the_continuation_of_the_latest_longest_match(n, min_n, k, history):
+    """Against the rule spelled out: the longest tail of n..min_n tokens seen earlier, its latest
+    earlier copy, the k tokens after it (small alphabets, so matches of every length occur)."""
+    min_n = min(min_n, n)
+    want = []
+    for m in range(min(n, len(history) - 1), min_n - 1, -1):
+        starts = [s for s in range(len(history) - m) if history[s : s + m] == history[-m:]]
+        if starts:
+            want = history[starts[-1] + m : starts[-1] + m + k]
+            break
+    assert NgramDrafter(n, min_n).propose(history, k, GREEDY, None).tokens.tolist() == want
+
+
 # The rollback property: whatever the target accepts, the draft's cache plus its pending
 # tokens must give the same next logits as a fresh prefill of everything committed.
 @settings(max_examples=40, deadline=None)

@@ -318,6 +318,30 @@ def test_rejection_verify_monte_carlo():
     assert chisquare(counts[support], p[0][support] * num).pvalue > 1e-3
 
 
+def test_point_mass_and_empty_drafts_emit_p():
+    """Lookup's drafts (q None: the residual is p's row less the draft token, no one-hot) and a
+    step that drafted nothing (p's own draw) both emit p, never a token of zero mass."""
+    rng = np.random.default_rng(4)
+    vocab, num = 5, 4000
+    p = rng.dirichlet(np.ones(vocab), size=2)
+    p[0, 3] = 0.0
+    p_t = torch.from_numpy(p / p.sum(-1, keepdims=True))
+    p = p_t.numpy()
+    drafts = rng.integers(0, vocab, size=num)  # drafts 3 too, which p never emits
+    chained, alone = np.empty(num, dtype=np.int64), np.empty(num, dtype=np.int64)
+    for key, d in enumerate(drafts):
+        n, tok = torch_verify.rejection_verify(torch.tensor([d]), None, p_t, key)
+        chained[key] = d if int(n) == 1 else int(tok)
+        n, tok = torch_verify.rejection_verify(torch.zeros(0, dtype=torch.int64), None, p_t[:1], key)
+        assert int(n) == 0
+        alone[key] = int(tok)
+    support = p[0] > 0
+    for first in (chained, alone):
+        counts = np.bincount(first, minlength=vocab)
+        assert counts[3] == 0
+        assert chisquare(counts[support], p[0][support] * num).pvalue > 1e-3
+
+
 def test_rejection_verify_is_keyed():
     rng = np.random.default_rng(3)
     p = torch.from_numpy(rng.dirichlet(np.ones(20), size=6).astype(np.float32))

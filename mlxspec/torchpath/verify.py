@@ -57,19 +57,22 @@ def rejection_decide(
     num_draft, vocab = draft.shape[0], p.shape[-1]
 
     p_draft = p[:-1].gather(-1, draft[:, None])[:, 0]
-    if q is None:
-        q = (torch.arange(vocab, device=p.device)[None, :] == draft[:, None]).to(dtype)
-        q_draft = torch.ones(num_draft, dtype=dtype, device=p.device)
+    if q is None:  # point masses: the residual is p's row less its draft token, no (K, V) one-hot
+        accepted = torch.where(p_draft >= 1.0, p_draft > 0, u.to(dtype) < p_draft)
+        n_accepted = _leading_true(accepted)
+        p_row = _at(p, n_accepted)
+        at = _at(torch.cat([draft, draft.new_zeros(1)]), n_accepted).reshape(1)
+        left = torch.where(n_accepted < num_draft, torch.clamp_min(p_row.index_select(0, at) - 1.0, 0.0),
+                           p_row.index_select(0, at))
+        residual = p_row.index_copy(0, at, left)
     else:
         q = q.to(dtype)
         q_draft = q.gather(-1, draft[:, None])[:, 0]
-
-    accepted = torch.where(p_draft >= q_draft, p_draft > 0, u.to(dtype) * q_draft < p_draft)
-    n_accepted = _leading_true(accepted)
-
-    q = torch.cat([q, q.new_zeros((1, vocab))], dim=0)
-    p_row, q_row = _at(p, n_accepted), _at(q, n_accepted)
-    residual = torch.clamp_min(p_row - q_row, 0.0)
+        accepted = torch.where(p_draft >= q_draft, p_draft > 0, u.to(dtype) * q_draft < p_draft)
+        n_accepted = _leading_true(accepted)
+        q = torch.cat([q, q.new_zeros((1, vocab))], dim=0)
+        p_row, q_row = _at(p, n_accepted), _at(q, n_accepted)
+        residual = torch.clamp_min(p_row - q_row, 0.0)
     residual = torch.where(residual.sum() > MIN_RESIDUAL_MASS, residual, p_row)
     return n_accepted, residual / residual.sum()
 
@@ -81,6 +84,8 @@ def rejection_verify(
     p alone. The uniforms and then the next token come from one generator seeded by ``key``,
     so (n_accepted, next_token) is a pure function of the inputs and the key."""
     gen = generator(key, p.device)
+    if draft.shape[0] == 0:  # a step that drafted nothing: p's own draw, no residual to build
+        return torch.zeros((), dtype=torch.int32, device=p.device), categorical(torch.log(p[0]), gen)
     u = torch.rand(draft.shape[0], generator=gen, dtype=_work_dtype(p, q), device=p.device)
     n_accepted, residual_row = rejection_decide(draft, q, p, u)
     return n_accepted, categorical(torch.log(residual_row), gen)

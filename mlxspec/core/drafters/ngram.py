@@ -34,12 +34,16 @@ class NgramDrafter:
         pass
 
     def _latest_match(self, h: np.ndarray) -> int | None:
-        """Where the continuation of the latest earlier occurrence of the longest matching tail starts."""
+        """Where the continuation of the latest earlier occurrence of the longest matching tail
+        starts. One pass over the history finds the earlier copies of the last token; the
+        tokens before them are checked only there (a step's lookup: ~20 us, not ~100)."""
+        ends = np.flatnonzero(h[:-1] == h[-1])  # where an earlier copy of the last token is
         for n in range(min(self.n, len(h) - 1), self.min_n - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
-            hits = np.flatnonzero((windows == h[-n:]).all(axis=1))
-            if hits.size:
-                return int(hits[-1]) + n
+            found = ends[ends >= n - 1]
+            for back in range(1, n):
+                found = found[h[found - back] == h[-1 - back]]
+            if found.size:
+                return int(found[-1]) + 1
         return None
 
     def offers(self, history: list[int]) -> bool:
@@ -47,9 +51,11 @@ class NgramDrafter:
         return self._latest_match(np.asarray(history, dtype=np.int64)) is not None
 
     def propose(self, history: list[int], k: int, params: SamplingParams, key: Any) -> Proposal:
+        if k == 0:
+            return no_draft(self.ops)
         h = np.asarray(history, dtype=np.int64)
         start = self._latest_match(h)
-        if start is None or k == 0:
+        if start is None:
             return no_draft(self.ops)
         return Proposal(self.ops.tokens(h[start : start + k]))
 
