@@ -114,6 +114,46 @@ def test_a_decode_runs_both_graphs(twin, monkeypatch):
     assert set(calls) == {"one", "many"}
 
 
+def test_a_damaged_file_leaves_the_eager_pass_with_a_note(twin, tmp_path, monkeypatch, capsys):
+    """A load that finds the graphs unreadable says so in one line and runs eager."""
+    import shutil
+    from types import SimpleNamespace
+
+    from mlxspec.targets import loading
+
+    shutil.copytree(twin.folder, tmp_path / "compiled")
+    _, model = quantized_twin(seed=3, num_layers=3)
+    make_batch_invariant(model)
+    (tmp_path / "compiled" / compiled.key(model) / "one.bin").write_bytes(b"not a graph")
+    monkeypatch.setattr(loading, "compiled_folder", lambda: tmp_path / "compiled")
+    loaded = loading.with_compiled(SimpleNamespace(dtype="quantized", model=model))
+    assert loaded.model.compiled is None
+    note = capsys.readouterr().err
+    assert "did not load" in note and "running eager" in note and len(note.strip().splitlines()) == 1
+
+
+def test_a_failed_compile_is_a_note_not_an_error(monkeypatch):
+    """`models pull` on a machine that cannot compile (no C++ compiler, say): one line, no failure."""
+    from types import SimpleNamespace
+
+    from mlxspec.targets import loading
+
+    _, model = quantized_twin(seed=3, num_layers=3)
+    make_batch_invariant(model)
+    model.compiled = None
+
+    def cannot(*_args, **_kwargs):
+        raise RuntimeError("no working C++ compiler found")
+
+    monkeypatch.setattr(loading, "torch_may_run", lambda *_: True)
+    monkeypatch.setattr(loading, "load", lambda *_a, **_k: SimpleNamespace(
+        name="tiny", backend="torch:cpu", dtype="quantized", model=model))
+    monkeypatch.setattr(compiled, "compile_to", cannot)
+    lines = []
+    loading.compile_target("tiny", lines.append)
+    assert len(lines) == 1 and "could not compile tiny's pass" in lines[0] and "C++ compiler" in lines[0]
+
+
 @pytest.mark.model
 def test_the_default_models_compiled_pass_keeps_every_row_bitwise(lm):
     """The default as `make setup` leaves it: its loads on torch take the compiled pass, whose

@@ -405,6 +405,14 @@ def test_the_torch_twin_drafts_what_mlx_does(target, monkeypatch):
     assert float((zh - zt).abs().max() / zt.abs().max()) < 3e-2 and torch.equal(zh, zt) != in_bf16
     for drafter in (twin, half):
         assert emitted(generate(model, PROMPT_IDS, GREEDY, 10, set(), 512, 0, drafter, 3)) == plain(target, 10)
+    # --k auto's first guess at a head step's cost: dearer beside a compiled target pass
+    from mlxspec.core.autok import k_policy
+
+    assert k_policy("auto", twin, lambda n: [10.0] * n).draft_ms == pytest.approx(1.0)
+    model.compiled = SimpleNamespace()  # only its presence counts here
+    beside = head_on_torch(EagleDrafter(head, "e3"), SimpleNamespace(model=model, source=target))
+    model.compiled = None
+    assert k_policy("auto", beside, lambda n: [10.0] * n).draft_ms == pytest.approx(10 * torch_load.COMPILED_HEAD_RATIO)
 
 
 # ----------------------------------------------------------------------------- bad heads

@@ -145,7 +145,7 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
             return source if guess == dtype else load(spec, dtype)
         from mlxspec.torchpath.load import to_torch
 
-        return _with_compiled(to_torch(source, guess, "cpu"))
+        return with_compiled(to_torch(source, guess, "cpu"))
     if backend != "mlx":
         require_torch()
         from mlxspec.torchpath import pick_device
@@ -153,7 +153,7 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
 
         device = pick_device(split_backend(backend))
         dtype = torch_dtype(dtype, device)
-        return _with_compiled(to_torch(load(spec, "quantized" if dtype == "quantized" else "float32"), dtype, device))
+        return with_compiled(to_torch(load(spec, "quantized" if dtype == "quantized" else "float32"), dtype, device))
     dtype = resolve_dtype(dtype)
     name, path = resolve(spec)
     if path.is_dir():
@@ -173,7 +173,7 @@ def compiled_folder() -> Path:
     return store.home() / "compiled"
 
 
-def _with_compiled(loaded: LoadedModel) -> LoadedModel:
+def with_compiled(loaded: LoadedModel) -> LoadedModel:
     """A torch target with its compiled pass where ``models pull`` compiled one for its shapes."""
     from mlxspec.torchpath import compiled
 
