@@ -187,6 +187,11 @@ def _keep_serializable(entries: list) -> list[bool]:
     return [not (e.is_global or e.guard_type == "GLOBAL_STATE" or e.guard_type in unsaved) for e in entries]
 
 
+# Inductor checks every input's sizes and strides on each call by default: ~600 checks a pass
+# here, one per weight tensor, which ``CompiledStack.inputs`` already vouches for.
+OPTIONS = {"guard_filter_fn": _keep_serializable, "size_asserts": False}
+
+
 def _example(model: Any, tokens: int) -> tuple:
     """The arguments of a pass of ``tokens`` after 300 cached ones, sizes marked dynamic where
     they vary."""
@@ -233,7 +238,7 @@ def compile_to(model: Any, folder: Path, log: Callable[[str], None] = lambda _: 
     for i, (name, tokens) in enumerate(zip(GRAPHS, (1, 3)), start=1):
         log(f"compiling the target's {'one-token' if tokens == 1 else 'several-token'} pass ({i}/2) ...")
         start = time.perf_counter()
-        fn = torch.compile(stack, fullgraph=True, options={"guard_filter_fn": _keep_serializable})
+        fn = torch.compile(stack, fullgraph=True, options=OPTIONS)
         with _inductor_cache(folder):
             compiled = fn.aot_compile((_example(model, tokens), {}))
         compiled.save_compiled_function(str(out / f"{name}.bin"))
