@@ -114,6 +114,22 @@ def test_a_decode_runs_both_graphs(twin, monkeypatch):
     assert set(calls) == {"one", "many"}
 
 
+def test_graphs_of_earlier_builds_are_pruned_and_nothing_else(twin, tmp_path):
+    """A compile marks its graphs with the build that made them; graphs another build made (or
+    an unmarked older one) go, this build's graphs for other shapes and foreign folders stay."""
+    made = twin.folder / compiled.key(twin)
+    assert (made / compiled.BUILD_FILE).read_text() == compiled.build()
+    folder = tmp_path / "compiled"
+    for name, files in {"old": {"one.bin": "x", "many.bin": "x"}, "other": {"one.bin": "x", "build": "0" * 16},
+                        "mine": {"one.bin": "x", "build": compiled.build()}, "foreign": {"one.bin": "x", "notes.txt": ""},
+                        "inductor": {"one.bin": "x"}}.items():
+        (folder / name).mkdir(parents=True)
+        for f, text in files.items():
+            (folder / name / f).write_text(text)
+    assert {p.name for p in compiled.prune_stale(folder)} == {"old", "other"}
+    assert sorted(p.name for p in folder.iterdir()) == ["foreign", "inductor", "mine"]
+
+
 def test_a_damaged_file_leaves_the_eager_pass_with_a_note(twin, tmp_path, monkeypatch, capsys):
     """A load that finds the graphs unreadable says so in one line and runs eager."""
     import shutil

@@ -42,6 +42,7 @@ from mlxspec.torchpath.invariant import KEY_BLOCK, LANES, MaskBiases
 from mlxspec.torchpath.model import rotate
 
 GRAPHS = ("one", "many")
+BUILD_FILE = "build"  # beside the graphs: the ``build()`` that made them
 # With one key block inductor specializes the block sums into another graph: every pass attends
 # over two or more (a wholly masked block adds exact zeros).
 MIN_BLOCKS = 2
@@ -117,15 +118,20 @@ def supported(model: Any) -> bool:
     return True
 
 
+def build() -> str:
+    """What every compiled file depends on beside a model's shapes: torch, Python (the saved
+    bytecode) and this file."""
+    text = f"{torch.__version__}|{sys.version_info[:3]}|".encode()
+    return hashlib.sha256(text + Path(__file__).read_bytes()).hexdigest()[:16]
+
+
 def key(model: Any) -> str:
-    """What a compiled file is valid for: torch, Python (the saved bytecode), this file, the shapes."""
+    """What a compiled file is valid for: ``build()`` and the model's shapes."""
     cfg = model.cfg
     shapes = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
               cfg.rms_norm_eps, cfg.attn_scale, model.rope.traditional, cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias,
               model.layers[0].self_attn.fused_qkv.group_size)
-    code = Path(__file__).read_bytes()
-    text = f"{torch.__version__}|{sys.version_info[:3]}|{shapes}".encode()
-    return hashlib.sha256(text + code).hexdigest()[:16]
+    return hashlib.sha256(f"{build()}|{shapes}".encode()).hexdigest()[:16]
 
 
 class CompiledStack:
@@ -243,7 +249,27 @@ def compile_to(model: Any, folder: Path, log: Callable[[str], None] = lambda _: 
             compiled = fn.aot_compile((_example(model, tokens), {}))
         compiled.save_compiled_function(str(out / f"{name}.bin"))
         log(f"  done in {time.perf_counter() - start:.0f} s")
+    (out / BUILD_FILE).write_text(build())
+    if stale := prune_stale(folder):
+        log(f"removed {len(stale)} compiled pass(es) of earlier builds, which no load can read")
     return out
+
+
+def prune_stale(folder: Path) -> list[Path]:
+    """Remove the graphs in ``folder`` that another build made (another torch, Python or version
+    of this file: their key can never match again); the folders removed. A folder holding
+    anything but graphs is left alone. Another mlxspec sharing the store compiles its own again."""
+    current, removed = build(), []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "inductor"):
+        names = {f.name for f in sub.iterdir()}
+        made_by = (sub / BUILD_FILE).read_text().strip() if BUILD_FILE in names else None
+        if made_by == current or not names <= {f"{g}.bin" for g in GRAPHS} | {BUILD_FILE}:
+            continue
+        for f in sub.iterdir():
+            f.unlink()
+        sub.rmdir()
+        removed.append(sub)
+    return removed
 
 
 def load_from(model: Any, folder: Path) -> CompiledStack | None:
