@@ -61,10 +61,9 @@ def rejection_decide(
         accepted = torch.where(p_draft >= 1.0, p_draft > 0, u.to(dtype) < p_draft)
         n_accepted = _leading_true(accepted)
         p_row = _at(p, n_accepted)
-        at = _at(torch.cat([draft, draft.new_zeros(1)]), n_accepted).reshape(1)
-        left = torch.where(n_accepted < num_draft, torch.clamp_min(p_row.index_select(0, at) - 1.0, 0.0),
-                           p_row.index_select(0, at))
-        residual = p_row.index_copy(0, at, left)
+        at = _at(torch.cat([draft, draft.new_zeros(1)]), n_accepted).reshape(1)  # token 0 when all kept: unchanged
+        mass = p_row.index_select(0, at)
+        residual = p_row.index_copy(0, at, torch.where(n_accepted < num_draft, torch.clamp_min(mass - 1.0, 0.0), mass))
     else:
         q = q.to(dtype)
         q_draft = q.gather(-1, draft[:, None])[:, 0]
