@@ -61,6 +61,19 @@ def _a_quiet_machine():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _the_machines_kernels():
+    """Every test runs the kernels a user's process here runs (``loading.with_kernels`` loads the
+    VNNI product kernel where this CPU has VNNI), whichever test loads a model first; tests of
+    torch's own int4 kernel set it aside (tests/test_int4.py)."""
+    from mlxspec.targets import loading
+    from mlxspec.torchpath import torch_may_run
+
+    if torch_may_run("quantized"):
+        loading.with_kernels()
+    yield
+
+
 @pytest.fixture(scope="session")
 def lm():
     """The real default model (SmolLM2-135M-Instruct), loaded once per test session."""

@@ -15,10 +15,21 @@ import mlxspec  # noqa: F401  (loads the fast BLAS before mlx runs anything)
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'mlxspec[torch]'")
 
 from mlxspec.errors import MlxspecError  # noqa: E402
-from mlxspec.torchpath import int4, invariant  # noqa: E402
+from mlxspec.torchpath import int4, invariant, vnni  # noqa: E402
 from tiny import QUANTIZED_BASE, greedy_alone_and_self_drafted, quantized_twin, torch_rows_equal_one_token_passes  # noqa: E402
 
 BASE = QUANTIZED_BASE
+
+
+@pytest.fixture(autouse=True, params=["torch", "vnni"])
+def kernel(request, monkeypatch):
+    """Each test on torch's int4 kernel and, where this CPU has it, on ``vnni``'s (the one a
+    process here runs: tests/conftest.py loads it)."""
+    if request.param == "torch":
+        monkeypatch.setattr(vnni, "active", lambda: False)
+    elif not vnni.active():
+        pytest.skip("the VNNI product kernel needs AVX-512 VNNI on x86-64 Linux")
+    return request.param
 
 
 def quantized_layer(n: int, k: int, group_size: int = 32, bias: bool = False, seed: int = 0) -> mnn.QuantizedLinear:
@@ -149,15 +160,19 @@ def test_a_file_without_4bit_layers_runs_float32():
 
 
 @pytest.mark.model
-def test_real_model_on_the_int4_kernel(lm):
-    """The default model as its file stores it: 210 4-bit layers on the kernel, a third of the
-    float32 weight bytes, every row of a pass bitwise the one-token pass's, and the same greedy
-    start as float32."""
+def test_real_model_on_the_int4_kernel(lm, kernel):
+    """The default model as its file stores it: 210 4-bit layers on the kernel (``vnni``'s where
+    this CPU has it, its 8-bit head too), a third of the float32 weight bytes, every row of a
+    pass bitwise the one-token pass's, and the same greedy start as float32."""
     from mlxspec.targets import loading
+
+    if kernel == "torch" and vnni.supported():
+        pytest.skip("a process here loads the VNNI kernel: the real model runs on it")
 
     q = loading.load("default", backend="auto")  # what the commands load by default on this CPU
     model = q.model
     assert q.backend == "torch:cpu" and q.dtype == "quantized" and model.batch_invariant
+    assert isinstance(model.packed_head, int4.QuantizedHead) == vnni.active()
     assert sum(isinstance(m, int4.Int4Linear) for m in model.modules()) == 210
     float32 = loading.load("default", "float32", backend="torch:cpu")
     assert q.weight_bytes_per_token() < 0.4 * float32.weight_bytes_per_token()

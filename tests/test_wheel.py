@@ -65,3 +65,10 @@ def test_the_wheel_carries_the_licence_and_the_cards_name_theirs(installed):
     assert "Apache License" in licence and "Version 2.0, January 2004" in licence
     for draft in ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-eagle3"):
         assert "Licence: Apache-2.0" in (site / "mlxspec" / "models" / draft / "README.md").read_text()
+
+
+@pytest.mark.model
+def test_the_wheel_carries_the_kernels_source(installed):
+    """A machine with VNNI builds the 8-bit product kernel from the installed source."""
+    site = next((installed.parent / "lib").glob("python*/site-packages"))
+    assert "qmm(Tensor x" in (site / "mlxspec" / "torchpath" / "qmm.cpp").read_text()

@@ -52,6 +52,9 @@ class LoadedModel:
             sizes = {k: v.numel() * v.element_size() for k, v in self.model.named_parameters()}
             # the file's 4-bit layers (torchpath.int4) hold no parameters: what their kernel reads
             sizes |= {name: m.kernel_bytes for name, m in self.model.named_modules() if hasattr(m, "kernel_bytes")}
+            if (head := getattr(self.model, "quantized_head", None)) is not None:  # the head reads the file's bytes
+                sizes = {k: n for k, n in sizes.items() if not k.startswith("model.embed_tokens")}
+                sizes["head"] = head.kernel_bytes
         else:
             sizes = {k: v.nbytes for k, v in tree_flatten(self.model.parameters())}
         total = sum(sizes.values())
@@ -145,6 +148,7 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
             return source if guess == dtype else load(spec, dtype)
         from mlxspec.torchpath.load import to_torch
 
+        with_kernels()
         return with_compiled(to_torch(source, guess, "cpu"))
     if backend != "mlx":
         require_torch()
@@ -153,6 +157,7 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
 
         device = pick_device(split_backend(backend))
         dtype = torch_dtype(dtype, device)
+        with_kernels()
         return with_compiled(to_torch(load(spec, "quantized" if dtype == "quantized" else "float32"), dtype, device))
     dtype = resolve_dtype(dtype)
     name, path = resolve(spec)
@@ -171,6 +176,14 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
 
 def compiled_folder() -> Path:
     return store.home() / "compiled"
+
+
+def with_kernels() -> bool:
+    """Load the VNNI product kernel for the file's quantized layers (``torchpath.vnni``), built
+    into the store the first time; whether this process runs it."""
+    from mlxspec.torchpath import vnni
+
+    return vnni.ensure(compiled_folder() / "kernels", stderr_line)
 
 
 def with_compiled(loaded: LoadedModel) -> LoadedModel:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mlxspec.torchpath import vnni
 from mlxspec.torchpath.cache import KVCache
 from mlxspec.torchpath.int4 import Int4Linear, Int4Weight, product
 from mlxspec.torchpath.invariant import KEY_BLOCK, LANES, MaskBiases
@@ -130,7 +131,7 @@ def key(model: Any) -> str:
     cfg = model.cfg
     shapes = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
               cfg.rms_norm_eps, cfg.attn_scale, model.rope.traditional, cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias,
-              model.layers[0].self_attn.fused_qkv.group_size)
+              model.layers[0].self_attn.fused_qkv.group_size, "vnni" if vnni.active() else "int4")
     return hashlib.sha256(f"{build()}|{shapes}".encode()).hexdigest()[:16]
 
 
@@ -260,7 +261,7 @@ def prune_stale(folder: Path) -> list[Path]:
     of this file: their key can never match again); the folders removed. A folder holding
     anything but graphs is left alone. Another mlxspec sharing the store compiles its own again."""
     current, removed = build(), []
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "inductor"):
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and p.name not in ("inductor", "kernels")):
         names = {f.name for f in sub.iterdir()}
         made_by = (sub / BUILD_FILE).read_text().strip() if BUILD_FILE in names else None
         if made_by == current or not names <= {f"{g}.bin" for g in GRAPHS} | {BUILD_FILE}:

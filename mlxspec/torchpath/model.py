@@ -219,6 +219,7 @@ class Llama(nn.Module):
         self.rope = Rope(cfg, device)
         self.threads = None  # a ThreadGovernor on the CPU (``torchpath.load``)
         self.packed_head: Any = None  # a PackedWeight once make_batch_invariant ran (not a submodule)
+        self.quantized_head: Any = None  # an int4.QuantizedHead where the file's embedding multiplies as stored
         self.batch_invariant = False  # set by invariant.make_batch_invariant
         self.compiled: Any = None  # a compiled.CompiledStack where one was compiled for this model's shapes
 
@@ -234,6 +235,8 @@ class Llama(nn.Module):
             layers, dense = int4.split_layers(mlx_model)
             int4.install(model, layers)
             _load(model, mlx_model, device, torch.float32, dense)
+            if int4.QuantizedHead.takes(mlx_model):
+                model.quantized_head = int4.QuantizedHead(mlx_model.model.embed_tokens)
         else:
             _load(model, mlx_model, device, DTYPES[dtype])
         return model
