@@ -37,6 +37,14 @@ def test_every_row_has_the_one_token_bits(twin, context, tokens):
     assert all(all(r) for r in got), got
 
 
+def test_rows_keep_their_bits_past_sixteen_key_blocks(twin):
+    """At 1,086 cached tokens a pass of 5 crosses into the 18th block of ``ATTEND_BLOCK`` keys:
+    the sums over blocks stay in order however many there are."""
+    ctx = [(11 * i + 5) % 48 for i in range(1086)]
+    got = torch_rows_equal_one_token_passes(twin, ctx, [3, 14, 15, 9, 26])
+    assert all(all(r) for r in got), got
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_both_thread_counts_give_the_same_bits(twin, threads):
     """The thread governor changes the count between passes: rows stay invariant, and the bits

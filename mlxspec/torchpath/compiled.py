@@ -44,6 +44,10 @@ from mlxspec.torchpath.model import rotate
 
 GRAPHS = ("one", "many")
 BUILD_FILE = "build"  # beside the graphs: the ``build()`` that made them
+# The graphs sum attention's keys this many at a time and attend over the keys held rounded up to
+# it (their bits are their own anyway): with ``invariant.KEY_BLOCK``'s 256 and two blocks at least,
+# a pass at 100 tokens of context attended over 512 keys.
+ATTEND_BLOCK = 64
 # With one key block inductor specializes the block sums into another graph: every pass attends
 # over two or more (a wholly masked block adds exact zeros).
 MIN_BLOCKS = 2
@@ -53,7 +57,7 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: tor
             scale: float) -> torch.Tensor:
     """``invariant.chunked_attention``'s arithmetic over the first ``bias.shape[-1]`` positions of
     the cache's buffers: q (1, H, L, D); keys, values (1, Hkv, capacity, D); ``bias`` (matrices,
-    padded rows, width), width a multiple of ``KEY_BLOCK``. Both products batched library calls
+    padded rows, width), width a multiple of ``ATTEND_BLOCK``. Both products batched library calls
     on operands of at least 4 rows and two matrices; the softmax's sums per key block, then the
     blocks in order, so a query's bits do not depend on the rows beside it."""
     _, H, L, D = q.shape
@@ -64,9 +68,10 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: tor
     if mats > heads:  # one key head: the products batch two matrices (``invariant._batched``)
         k, v = F.pad(k, (0, 0, 0, 0, 0, mats - heads)), F.pad(v, (0, 0, 0, 0, 0, mats - heads))
     scores = torch.baddbmm(bias, queries, k.transpose(1, 2), alpha=scale)
-    p = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).view(mats, rows, width // KEY_BLOCK, KEY_BLOCK)
+    blocks = width // ATTEND_BLOCK
+    p = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).view(mats, rows, blocks, ATTEND_BLOCK)
     total = p.sum(dim=-1).sum(dim=-1)
-    out = torch.matmul(p.transpose(1, 2), v.view(mats, width // KEY_BLOCK, KEY_BLOCK, D)).sum(dim=1)
+    out = torch.matmul(p.transpose(1, 2), v.view(mats, blocks, ATTEND_BLOCK, D)).sum(dim=1)
     return (out[:heads, : H // heads * L] / total[:heads, : H // heads * L, None]).view(1, H, L, D)
 
 
@@ -160,7 +165,7 @@ class CompiledStack:
         keys attended)."""
         offset, n = cache[0].offset, h.shape[1]
         seen = offset + n
-        width = max(seen + (-seen % KEY_BLOCK), MIN_BLOCKS * KEY_BLOCK)
+        width = max(seen + (-seen % ATTEND_BLOCK), MIN_BLOCKS * ATTEND_BLOCK)
         for c in cache:
             c.reserve(width + KEY_BLOCK, (1, self.kv_heads, self.shape[2]), h.dtype, h.device)
         bias = self.biases.get(mask, 1, self.kv_heads, self.group, n, seen, width, h)
