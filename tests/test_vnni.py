@@ -136,3 +136,16 @@ def test_a_tied_head_multiplies_the_files_quantized_embedding(bits):
 def test_an_untied_head_keeps_its_own_layer():
     _, untied = quantized_twin(1, tie_embeddings=False)
     assert untied.quantized_head is None and isinstance(untied.lm_head, int4.Int4Linear)
+
+
+def test_the_kernel_has_its_own_verify_cost_curve(monkeypatch):
+    """--k auto's curve measured on torch's kernel would mislead it on this one (and back)."""
+    from types import SimpleNamespace
+
+    from mlxspec.targets import costcurve
+
+    lm = SimpleNamespace(backend="torch:cpu", dtype="quantized", model=SimpleNamespace(batch_invariant=True))
+    on = costcurve.device_of(lm)
+    monkeypatch.setattr(vnni, "active", lambda: False)
+    off = costcurve.device_of(lm)
+    assert "vnni" in on and "vnni" not in off and on.replace("-vnni", "") == off

@@ -103,7 +103,7 @@ def curve_path(target: str, dtype: str, device: str | None = None) -> Path:
     return home() / "costcurves" / f"{safe}.json"
 
 
-def _device_of(lm: Any) -> str:
+def device_of(lm: Any) -> str:
     """What the curve was measured on: MLX's device, or the torch backend, device and threads."""
     backend = getattr(lm, "backend", "mlx")
     if backend == "mlx":
@@ -112,6 +112,10 @@ def _device_of(lm: Any) -> str:
     model = getattr(lm, "model", None)
     kernels = "-invariant" if getattr(model, "batch_invariant", False) else ""
     kernels += "-compiled" if getattr(model, "compiled", None) is not None else ""  # (torchpath.compiled)
+    if getattr(lm, "dtype", None) == "quantized":  # the file's layers on torchpath.vnni's kernel or torch's
+        from mlxspec.torchpath import vnni
+
+        kernels += "-vnni" if vnni.active() else ""
     return backend.replace(":", "-") + kernels + f"-{_torch_threads()}t"
 
 
@@ -186,7 +190,7 @@ def measure_cost_curve(lm: Any, max_tokens: int, reps: int = REPS, context_token
     t0, meter = time.perf_counter(), CpuMeter()
     times = time_verify(lm.model, prompt, sizes, reps, progress=lambda r: say(f"{head}: round {r}/{reps}"))
     seconds = time.perf_counter() - t0
-    curve = CostCurve(lm.name, lm.dtype, _device_of(lm), ctx, reps, [statistics.median(times[n]) for n in sizes],
+    curve = CostCurve(lm.name, lm.dtype, device_of(lm), ctx, reps, [statistics.median(times[n]) for n in sizes],
                       [times[n] for n in sizes], time.strftime("%Y-%m-%dT%H:%M:%S"), seconds,
                       others_busy=meter.others_busy())
     say(f"{head}: {curve.ms[0]:.1f} ms for 1 token, {curve.ms[-1]:.1f} ms for {max_tokens} ({seconds:.0f} s)")
@@ -214,7 +218,7 @@ def check_against_live(lm: Any, curve: CostCurve, scale: float, steps: int, othe
         return False
     if 1 / STALE_SCALE <= scale <= STALE_SCALE:
         return False
-    path = curve_path(lm.name, lm.dtype, _device_of(lm))
+    path = curve_path(lm.name, lm.dtype, device_of(lm))
     cached = load_cost_curve(path)
     if cached is None or cached.measured != curve.measured:
         return False
@@ -233,7 +237,7 @@ def cost_curve(lm: Any, max_tokens: int, remeasure: bool = False, reps: int = RE
     session starts on a quiet machine, so no later run waits for it. A cache that cannot be
     written is only a note: the measurement is still used. Sessions call this before their first
     request (``Session.ready``), never inside one."""
-    path = curve_path(lm.name, lm.dtype, _device_of(lm))
+    path = curve_path(lm.name, lm.dtype, device_of(lm))
     cached = None if remeasure else load_cost_curve(path)
     fits = cached is not None and cached.target == lm.name and cached.dtype == lm.dtype and cached.max_tokens >= max_tokens
     if fits and not (cached.busy and quiet_now()):
