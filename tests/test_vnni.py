@@ -86,11 +86,10 @@ def test_rows_have_the_one_row_bits_at_every_width(threads):
 
 
 def test_the_build_is_kept_and_reused(tmp_path):
+    (tmp_path / "qmm-0123456789abcdef.so").write_bytes(b"an earlier build")
     built = vnni.build(tmp_path)
     assert built == vnni.library(tmp_path) and built.stat().st_size > 0
-    (tmp_path / "qmm-0123456789abcdef.so").write_bytes(b"an earlier build")
-    again = vnni.build(tmp_path)
-    assert again == built and [p.name for p in tmp_path.glob("qmm-*.so")] == [built.name]
+    assert [p.name for p in tmp_path.glob("qmm-*.so")] == [built.name]  # the earlier build removed
     logs = []
     assert vnni.ensure(tmp_path, logs.append) and logs == []  # loaded already: nothing built or said
 
@@ -104,6 +103,14 @@ def test_a_failed_build_says_so_and_keeps_torchs_kernels(tmp_path, monkeypatch):
     logs = []
     assert not vnni.ensure(tmp_path / "fresh", logs.append)
     assert len(logs) == 2 and logs[1].startswith("note: could not build")
+
+
+def test_a_damaged_build_is_removed_and_torchs_kernels_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(vnni, "active", lambda: False)
+    vnni.library(tmp_path).write_bytes(b"not a shared library")
+    logs = []
+    assert not vnni.ensure(tmp_path, logs.append)
+    assert len(logs) == 1 and "did not load" in logs[0] and not vnni.library(tmp_path).exists()
 
 
 def test_a_cpu_without_vnni_keeps_torchs_kernels(tmp_path, monkeypatch):

@@ -100,7 +100,12 @@ def ensure(folder: Path, log: Callable[[str], None] = lambda _: None) -> bool:
             detail = getattr(e, "stderr", "") or str(e)
             log(f"note: could not build the VNNI product kernel ({detail.strip()[:300]}); torch's kernels run")
             return False
-    torch.ops.load_library(str(path))
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as e:  # a damaged file: the next build replaces it
+        path.unlink(missing_ok=True)
+        log(f"note: the VNNI product kernel in {path} did not load ({str(e)[:200]}); torch's kernels run")
+        return False
     torch.library.register_fake("mlxspec_vnni::qmm")(_shape)
     return True
 
