@@ -811,8 +811,11 @@ def test_a_shipped_eagle3_head_is_found_by_its_registry_name(target, tmp_path, m
 def test_export_draft_says_an_eagle3_head_needs_no_conversion(target, tmp_path, monkeypatch):
     from helpers import invoke, one_line_error
 
+    from mlxspec.targets import published
+
     folder = save_eagle3(random_head(target), tmp_path / "e3", dtype="float32")
-    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("loaded a model for nothing"))
+    for module in (loading, published):  # published holds its own name for it: patched there, not bound at import
+        monkeypatch.setattr(module, "load", lambda *a, **k: pytest.fail("loaded a model for nothing"))
     one_line_error(invoke("export-draft", "--draft", str(folder), "--out", str(tmp_path / "x")),
                    r"is an EAGLE-3 head: .* vLLM and SGLang load its folder as it is")
 
