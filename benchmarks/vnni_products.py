@@ -46,18 +46,19 @@ class Timing:
         return self.torch_ms / self.vnni_ms
 
 
-def load(kernel: str):
+def load(kernel: str) -> loading.LoadedModel:
     """The default on ``kernel``'s products, its compiled pass loaded (compiled first if missing)."""
     with ExitStack() as patches:
         if kernel == "torch":  # as a process without the VNNI kernel loads it
             patches.enter_context(mock.patch.object(vnni, "active", return_value=False))
             patches.enter_context(mock.patch.object(vnni, "ensure", return_value=False))
-        model = loading.load("default", "quantized", backend="torch:cpu").model
+        loaded = loading.load("default", "quantized", backend="torch:cpu")
+        model = loaded.model
         if model.compiled is None:
             compiled.compile_to(model, loading.compiled_folder(), print)
             model.compiled = compiled.load_from(model, loading.compiled_folder())
         model(torch.tensor([[0]]), None)  # packs the weights while the choice holds
-    return model
+    return loaded
 
 
 def interleaved(run, reps: int) -> tuple[float, float]:
@@ -123,10 +124,10 @@ def main() -> None:
     args = ap.parse_args()
     if not loading.with_kernels():
         raise SystemExit("this CPU has no AVX-512 VNNI (or the kernel did not build): nothing to compare")
-    models = {k: load(k) for k in KERNELS}
+    loaded = {k: load(k) for k in KERNELS}
+    models = {k: lm.model for k, lm in loaded.items()}
     timings = time_passes(models, args.reps)
-    tokenizer = loading.load("default", "quantized", backend="mlx").tokenizer
-    shared = agreement(models, tokenizer)
+    shared = agreement(models, loaded["vnni"].tokenizer)
     print(f"greedy tokens shared before the texts part (of 96): {shared}")
     if args.out:
         with open(args.out, "w") as f:

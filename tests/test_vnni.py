@@ -156,3 +156,16 @@ def test_the_kernel_has_its_own_verify_cost_curve(monkeypatch):
     monkeypatch.setattr(vnni, "active", lambda: False)
     off = costcurve.device_of(lm)
     assert "vnni" in on and "vnni" not in off and on.replace("-vnni", "") == off
+
+
+@pytest.mark.model
+def test_only_a_quantized_torch_load_loads_the_kernel(monkeypatch):
+    """A float32 target on torch multiplies nothing on the kernel: no build for it."""
+    from mlxspec.targets import loading
+
+    calls = []
+    monkeypatch.setattr(loading, "with_kernels", lambda: calls.append(1) or True)
+    loading.load("default", "float32", backend="torch:cpu")
+    assert calls == []
+    loading.load("default", "quantized", backend="torch:cpu")
+    assert calls == [1]

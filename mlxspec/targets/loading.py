@@ -148,7 +148,8 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
             return source if guess == dtype else load(spec, dtype)
         from mlxspec.torchpath.load import to_torch
 
-        with_kernels()
+        if source.dtype == "quantized":  # the only layers the kernel multiplies: no build for a float32 target
+            with_kernels()
         return with_compiled(to_torch(source, guess, "cpu"))
     if backend != "mlx":
         require_torch()
@@ -157,7 +158,8 @@ def load(spec: str = "default", dtype: str = "auto", backend: str = "mlx") -> Lo
 
         device = pick_device(split_backend(backend))
         dtype = torch_dtype(dtype, device)
-        with_kernels()
+        if dtype == "quantized":
+            with_kernels()
         return with_compiled(to_torch(load(spec, "quantized" if dtype == "quantized" else "float32"), dtype, device))
     dtype = resolve_dtype(dtype)
     name, path = resolve(spec)

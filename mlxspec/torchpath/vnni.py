@@ -4,7 +4,7 @@ torch's int4 kernel multiplies bfloat16 activations by weights it dequantizes to
 has no 8-bit one worth using here; llama.cpp rounds the activations to one byte per value (per
 group of 32) and multiplies bytes. ``qmm.cpp`` multiplies bytes on the file's own weights too,
 with the activations as two bytes a value (one moved this model's logits by 10%; two are more
-exact than torch's kernel): the one-token pass 1.1-1.16x as fast as on torch's kernel, the head
+exact than torch's kernel): the one-token pass 1.16-1.21x as fast as on torch's kernel, the head
 reading the file's 8-bit embedding (half the bytes of bfloat16) instead of a bfloat16 copy
 (benchmarks/notes/2026-12-04-vnni-products.md). Every output is one lane's sum in a fixed order,
 so a row has the same bits whatever the rows beside it: verify rows stay the one-token pass's.
