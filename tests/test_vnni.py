@@ -85,6 +85,54 @@ def test_rows_have_the_one_row_bits_at_every_width(threads):
         torch.set_num_threads(before)
 
 
+def attention_case(rows: int, width: int, held: int, heads: int = 3, dim: int = 64, seed: int = 0):
+    """Queries, a cache's buffers (wider than attended) and a bias hiding the keys past ``held``,
+    with row 1 also hiding the last 70 held: a block of 64 keys all hidden from it."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(heads, rows, dim, generator=g) * 2
+    keys, values = (torch.randn(1, heads, width + 64, dim, generator=g) for _ in range(2))
+    bias = torch.zeros(heads, max(rows, 4), width)
+    bias[..., held:] = float("-inf")
+    bias[:, 1, held - 70:] = float("-inf")
+    return q, keys, values, bias
+
+
+@pytest.mark.parametrize("rows,width,held,dim", [(3, 128, 100, 64), (12, 256, 200, 64), (27, 448, 400, 32)])
+def test_attention_is_the_softmax_over_the_keys_held(rows, width, held, dim):
+    q, keys, values, bias = attention_case(rows, width, held, dim=dim)
+    got = torch.ops.mlxspec_vnni.attend(q, keys, values, bias, 0.125)
+    k, v = keys[0, :, :width].double(), values[0, :, :width].double()
+    scores = torch.einsum("hrd,hkd->hrk", q.double(), k) * 0.125 + bias[:, :rows].double()
+    want = torch.softmax(scores, -1) @ v
+    assert got.shape == q.shape and float((got.double() - want).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_an_attention_row_has_its_own_bits(threads):
+    """A query's output is the same whatever the rows beside it and the threads splitting the keys."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, keys, values, bias = attention_case(12, 448, 400, seed=threads)
+        together = torch.ops.mlxspec_vnni.attend(q, keys, values, bias, 0.125)
+        for r in range(12):
+            alone = torch.ops.mlxspec_vnni.attend(q[:, r:r + 1].contiguous(), keys, values,
+                                                  bias[:, r:r + 1].contiguous(), 0.125)
+            assert torch.equal(alone[:, 0], together[:, r]), r
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_kernels_are_built_to_run_on_every_thread():
+    """Built without OpenMP, at::parallel_for compiles to a plain loop: the products ran on one of
+    two threads, unnoticed, until a profile showed a product taking as long at 1 and 2 threads."""
+    from mlxspec.targets import loading
+
+    path = vnni.library(loading.compiled_folder() / "kernels")
+    assert vnni.active() and path.exists()
+    assert "libgomp" in subprocess.run(["ldd", str(path)], capture_output=True, text=True, check=True).stdout
+
+
 def test_the_build_is_kept_and_reused(tmp_path):
     (tmp_path / "qmm-0123456789abcdef.so").write_bytes(b"an earlier build")
     built = vnni.build(tmp_path)

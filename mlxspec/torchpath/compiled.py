@@ -75,6 +75,16 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: tor
     return (out[:heads, : H // heads * L] / total[:heads, : H // heads * L, None]).view(1, H, L, D)
 
 
+def _attend_native(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """``_attend`` in one library call (``attend.cpp``): each KV head's keys read once for all
+    its query rows, a query's bits its own."""
+    _, H, L, D = q.shape
+    heads = keys.shape[1]
+    out = torch.ops.mlxspec_vnni.attend(q.reshape(heads, H // heads * L, D).contiguous(), keys, values, bias, scale)
+    return out.view(1, H, L, D)
+
+
 def block(h: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
           keys: torch.Tensor, values: torch.Tensor, weights: tuple, shape: tuple) -> torch.Tensor:
     """One llama block (``model.Block`` with ``invariant``'s kernels) over ``h`` (1, L, hidden),
@@ -90,7 +100,7 @@ def block(h: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         [heads, kv_heads], dim=1)
     keys.index_copy_(2, slots, k)
     values.index_copy_(2, slots, v.reshape(1, L, kv_heads, head_dim).transpose(1, 2))
-    out = _attend(q, keys, values, bias, scale).transpose(1, 2).reshape(1, L, -1)
+    out = (_attend_native if vnni.active() else _attend)(q, keys, values, bias, scale).transpose(1, 2).reshape(1, L, -1)
     h = h + product(out, o, o_sz, o_bias, group)
     x = F.rms_norm(h, (h.shape[-1],), norm2, eps)
     gate, up = product(x, gate_up, gate_up_sz, gate_up_bias, group).chunk(2, dim=-1)

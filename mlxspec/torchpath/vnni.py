@@ -4,13 +4,13 @@ torch's int4 kernel multiplies bfloat16 activations by weights it dequantizes to
 has no 8-bit one worth using here; llama.cpp rounds the activations to one byte per value (per
 group of 32) and multiplies bytes. ``qmm.cpp`` multiplies bytes on the file's own weights too,
 with the activations as two bytes a value (one moved this model's logits by 10%; two are more
-exact than torch's kernel): the one-token pass 1.16-1.21x as fast as on torch's kernel, the head
+exact than torch's kernel), on every thread: the blocks' one-token products at the memory's speed, the head
 reading the file's 8-bit embedding (half the bytes of bfloat16) instead of a bfloat16 copy
 (benchmarks/notes/2026-12-04-vnni-products.md). Every output is one lane's sum in a fixed order,
 so a row has the same bits whatever the rows beside it: verify rows stay the one-token pass's.
 
 The kernel is C++ built once per machine into the store (``ensure``: g++ and torch's headers, the
-compiler inductor needs anyway; ~10 s) and loaded as a torch operator, so the compiled pass calls
+compiler inductor needs anyway; ~20 s) and loaded as a torch operator, so the compiled pass calls
 it like any library product. Where it cannot run (no VNNI, no compiler, not Linux) nothing
 changes: torch's int4 kernel and the bfloat16 head, as before.
 """
@@ -27,10 +27,12 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("qmm.cpp")
+# the products, and the compiled pass's attention (``attend.cpp``), which needs AVX-512 only
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("qmm.cpp", "attend.cpp"))
 GROUP, LANES = 32, 16  # the kernel's: weights per scale, output rows per repacked block
+# -fopenmp: without it ATen's parallel_for is a plain loop (the products ran on one of two threads)
 FLAGS = ("-O3", "-std=c++20", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-         "-mavx512vnni", "-mf16c", "-mfma", "-w")
+         "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp", "-w")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma")
 
 
@@ -56,7 +58,7 @@ def active() -> bool:
 
 def library(folder: Path) -> Path:
     """Where the kernel built from this source for this torch lives in ``folder``."""
-    text = f"{torch.__version__}|{FLAGS}|".encode() + SOURCE.read_bytes()
+    text = f"{torch.__version__}|{FLAGS}|".encode() + b"".join(p.read_bytes() for p in SOURCES)
     return folder / f"qmm-{hashlib.sha256(text).hexdigest()[:16]}.so"
 
 
@@ -73,7 +75,7 @@ def build(folder: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(fd)
     try:
-        subprocess.run([os.environ.get("CXX", "g++"), *FLAGS, abi, *includes, str(SOURCE), "-o", tmp, *libs,
+        subprocess.run([os.environ.get("CXX", "g++"), *FLAGS, abi, *includes, *map(str, SOURCES), "-o", tmp, *libs,
                         "-lc10", "-ltorch", "-ltorch_cpu"], check=True, capture_output=True, text=True)
         os.replace(tmp, target)
     finally:
@@ -93,7 +95,7 @@ def ensure(folder: Path, log: Callable[[str], None] = lambda _: None) -> bool:
         return False
     path = library(folder)
     if not path.exists():
-        log("building the VNNI product kernel for this CPU (once, ~10 s) ...")
+        log("building the VNNI product kernel for this CPU (once, ~20 s) ...")
         try:
             build(folder)
         except (OSError, subprocess.CalledProcessError) as e:
@@ -107,6 +109,7 @@ def ensure(folder: Path, log: Callable[[str], None] = lambda _: None) -> bool:
         log(f"note: the VNNI product kernel in {path} did not load ({str(e)[:200]}); torch's kernels run")
         return False
     torch.library.register_fake("mlxspec_vnni::qmm")(_shape)
+    torch.library.register_fake("mlxspec_vnni::attend")(lambda q, *_: torch.empty_like(q))
     return True
 
 
