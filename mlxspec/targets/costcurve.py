@@ -111,11 +111,15 @@ def device_of(lm: Any) -> str:
     # the batch-invariant kernels have their own curve: one cached before them would mislead --k auto
     model = getattr(lm, "model", None)
     kernels = "-invariant" if getattr(model, "batch_invariant", False) else ""
-    kernels += "-compiled" if getattr(model, "compiled", None) is not None else ""  # (torchpath.compiled)
+    # each build of the compiled pass and of the kernels its own curve: a faster pass re-plans
+    if getattr(model, "compiled", None) is not None:
+        from mlxspec.torchpath import compiled
+
+        kernels += f"-compiled{compiled.key(model)[:6]}"
     if getattr(lm, "dtype", None) == "quantized":  # the file's layers on torchpath.vnni's kernel or torch's
         from mlxspec.torchpath import vnni
 
-        kernels += "-vnni" if vnni.active() else ""
+        kernels += f"-vnni{vnni.build_id()}" if vnni.active() else ""
     return backend.replace(":", "-") + kernels + f"-{_torch_threads()}t"
 
 

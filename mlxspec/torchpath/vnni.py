@@ -62,6 +62,11 @@ def library(folder: Path) -> Path:
     return folder / f"qmm-{hashlib.sha256(text).hexdigest()[:16]}.so"
 
 
+def build_id() -> str:
+    """Six hex digits naming this build of the kernels (their sources, flags and torch)."""
+    return library(Path()).stem.removeprefix("qmm-")[:6]
+
+
 def build(folder: Path) -> Path:
     """Compile the kernel into ``folder`` (written aside, then moved in: another process may be
     loading it); earlier builds' files removed. The library."""
