@@ -72,7 +72,7 @@ def generate(
     check_max_tokens(max_tokens)
     shape, k = tree_option(tree, tree_nodes, k, draft), k_option(k, draft)
     params = sampling.for_model(model)[0]
-    session = Session.open(SessionOptions(model, dtype, backend, named_draft(draft, model), k, shape, remeasure_cost))
+    session = Session.open(SessionOptions(model, dtype, backend, named_draft(draft, model, backend, dtype), k, shape, remeasure_cost))
     reply = ReplyPrinter(session, "auto" if k is None else k, as_json, out, params.label)
     try:
         for ev in session.stream(with_system(text, system_prompt), params, max_tokens, seed, raw=raw, logprobs=logprobs):
@@ -128,7 +128,7 @@ def chat(
 
     shape, k = tree_option(tree, tree_nodes, k, draft), k_option(k, draft)
     s = sampling
-    run_chat(model, named_draft(draft, model), "auto" if k is None else k, s.temp, s.top_p, max_tokens, dtype,
+    run_chat(model, named_draft(draft, model, backend, dtype), "auto" if k is None else k, s.temp, s.top_p, max_tokens, dtype,
              backend=backend, top_k=s.top_k, min_p=s.min_p, **({"tree": shape} if shape else {}),
              **({"sampling": s.processors} if s.asked else {}),
              **({"remeasure_cost": True} if remeasure_cost else {}), **({"system": system_prompt} if system_prompt else {}))
@@ -290,7 +290,7 @@ def sweep(
 
     k_list = sw.parse_ks(ks)
     shapes = sweep_trees(temp, top_p, trees, tree_nodes, tui)
-    draft = named_draft(draft, model)
+    draft = named_draft(draft, model, backend, dtype)
     options = sw.SweepOptions(k_list, measured_target(model, dtype, backend), draft, temp, top_p, prompts_file,
                               per_category, categories, max_tokens, warmup, repeats, seed, dtype, auto=auto,
                               remeasure_cost=remeasure_cost, trees=shapes)
@@ -449,7 +449,7 @@ def serve(
 
     serve_checks(max_tokens, port)
     shape = tree_option(tree, tree_nodes, k, draft)
-    options = ServeOptions(model, named_draft(draft, model), k_option(k, draft), defaults.for_model(model)[0], max_tokens, dtype,
+    options = ServeOptions(model, named_draft(draft, model, backend, dtype), k_option(k, draft), defaults.for_model(model)[0], max_tokens, dtype,
                            remeasure_cost, host, port, shape, backend, capacity.prompt_cache_size,
                            capacity.prompt_cache_bytes, access, capacity.parallel)
     run_server(options, log=lambda line: err.print(line, markup=False, highlight=False))

@@ -25,7 +25,7 @@ from mlxspec.terminal import Output
 from mlxspec.torchpath import backend_spec
 
 ModelOpt = typer.Option("default", "--model", "-m", help="Registry name, .gguf file, mlx-lm folder or hub id (org/name, from the hub cache). -m is --model in every mlxspec command (mlx-lm uses -m for --max-tokens; here that is -n).")
-DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's choice for the target: ngram:3+smollm2-135m-eagle for the default model, ngram:3 for a target it does not list), none, ngram[:N] (prompt lookup), suffix[:N] (an index of the session's own text), self:L (target's first L layers), A+B (a cascade: lookup A where the text so far has a match, else B, e.g. ngram:3+smollm2-135m-eagle), a trained draft, an eagle head, an EAGLE-3 head, or a draft model (a .gguf file, model folder or cached hub id).")
+DraftOpt = typer.Option("default", "--draft", "--draft-model", "-d", help="Drafter: default (the registry's choice for the target: for the default model ngram:3 on a CPU under torch, where its eagle head's step costs a third of a target pass, ngram:3+smollm2-135m-eagle on MLX and GPUs; ngram:3 for a target it does not list), none, ngram[:N] (prompt lookup), suffix[:N] (an index of the session's own text), self:L (target's first L layers), A+B (a cascade: lookup A where the text so far has a match, else B, e.g. ngram:3+smollm2-135m-eagle), a trained draft, an eagle head, an EAGLE-3 head, or a draft model (a .gguf file, model folder or cached hub id).")
 KOpt = typer.Option(None, "--k", "--num-draft-tokens", "-k", show_default=False, help="Draft tokens per step: auto (the default: chosen every step from this machine's verify-cost curve and the acceptance so far; 0 when drafting cannot pay) or 1..64.")
 
 
@@ -288,15 +288,21 @@ def checked_draft(draft: str) -> str:
     return draft
 
 
-def named_draft(draft: str, target: str) -> str:
-    """``default`` as the drafter it stands for, so screens show a real name; a spec that names
-    no drafter is refused here, before a model loads or a screen opens."""
+def named_draft(draft: str, target: str, backend: str = "mlx", dtype: str = "auto") -> str:
+    """``default`` as the drafter it stands for on the backend the target will run on (the
+    registry may choose per backend), so screens show a real name; a spec that names no drafter
+    is refused here, before a model loads or a screen opens."""
     from mlxspec.targets.drafts import DEFAULT_FALLBACK
     from mlxspec.targets.loading import resolve
+    from mlxspec.torchpath import pick_device, torch_may_run
 
     if draft != "default":
         return checked_draft(draft)
-    return store.default_draft(resolve(target)[0]) or DEFAULT_FALLBACK
+    if backend == "auto":  # a llama target (all the registry lists) takes torch wherever it may
+        backend = "torch:cpu" if torch_may_run(dtype) else "mlx"
+    elif backend == "torch":
+        backend = f"torch:{pick_device(None)}"
+    return store.default_draft(resolve(target)[0], backend) or DEFAULT_FALLBACK
 
 
 def measured_target(model: str, dtype: str, spec: str) -> Any:

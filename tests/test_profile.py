@@ -94,9 +94,9 @@ def test_default_draft_is_the_registry_default_or_a_shipped_one(monkeypatch):
     shipped = [{"name": "other", "target": "x", "present": True}, {"name": "gone", "target": "tgt", "present": False},
                {"name": "mine", "target": "tgt", "present": True}]
     monkeypatch.setattr(store, "drafts", lambda: shipped)
-    monkeypatch.setattr(store, "default_draft", lambda t: "named")
+    monkeypatch.setattr(store, "default_draft", lambda t, backend="mlx": "named")
     assert profiled_draft("default", "m") == "named" and profiled_draft("ngram:2", "m") == "ngram:2"
-    monkeypatch.setattr(store, "default_draft", lambda t: "none")  # target-only is the default
+    monkeypatch.setattr(store, "default_draft", lambda t, backend="mlx": "none")  # target-only is the default
     assert profiled_draft("default", "m") == "mine"
     monkeypatch.setattr(store, "drafts", list)
     assert profiled_draft("default", "m") == "ngram:3"

@@ -292,7 +292,8 @@ def _events(lm, drafter, ids, k, n=12):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("spec", ["none", "ngram:3", "self:8", "smollm2-135m-draft", "smollm2-135m-eagle", "default"])
+@pytest.mark.parametrize("spec", ["none", "ngram:3", "self:8", "smollm2-135m-draft", "smollm2-135m-eagle",
+                                  "ngram:3+smollm2-135m-eagle"])
 def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, spec, monkeypatch):
     """Greedy on torch, any drafter and K = 1..8, emits MLX's target-only tokens; at K = 4, with
     the draft's products in float32 as on MLX, every token's status (accepted, rejected,
@@ -303,8 +304,8 @@ def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, 
     lm, tm = both
     ids = lm.tokenizer.encode(HELD_OUT[1])
     reference = [t for t, _ in _events(lm, None, ids, 1)]
-    drafter = make_drafter(spec, tm)  # "default": the registry's cascade, made part by part for torch
-    assert spec != "default" or drafter.name == "ngram:3+smollm2-135m-eagle"
+    drafter = make_drafter(spec, tm)  # a cascade: made part by part for torch
+    assert drafter is None or drafter.name == spec
     for k in range(1, 9) if drafter is not None else [1]:
         got = _events(tm, drafter, ids, k)
         assert [t for t, s in got if s != "REJECTED"] == reference, f"K={k}"

@@ -668,7 +668,7 @@ def test_cli_refuses_a_tree_without_a_drafter_or_room(tmp_path, monkeypatch):
 
     from mlxspec.targets import store
 
-    monkeypatch.setattr(store, "default_draft", lambda target: "none")  # a target whose default is target-only
+    monkeypatch.setattr(store, "default_draft", lambda target, backend="mlx": "none")  # a target whose default is target-only
     one_line_error(invoke("generate", "hi", "--tree", "3x2"), r"--tree needs a drafter, and the default for .* is none")
     monkeypatch.undo()
     f = tmp_path / "long.txt"

@@ -231,7 +231,8 @@ def make_drafter(spec: str | DraftSpec, target: Any, dtype: str = "auto") -> Dra
     if parsed.kind == "none":
         return None
     if parsed.kind == "default":  # resolved here: the default may be a cascade, made part by part below
-        return make_drafter(store.default_draft(target.name) or DEFAULT_FALLBACK, target, dtype)
+        backend = getattr(target, "backend", "mlx")
+        return make_drafter(store.default_draft(target.name, backend) or DEFAULT_FALLBACK, target, dtype)
     if parsed.kind == "cascade":
         return CascadeDrafter([make_drafter(part, target, dtype) for part in parsed.parts], parsed.text)
     k = kind(parsed.kind)

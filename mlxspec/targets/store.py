@@ -108,9 +108,11 @@ def drafts() -> list[dict]:
     return out
 
 
-def default_draft(target: str) -> str | None:
-    """The registry's default draft for a target name, if it has one."""
-    return _registry().get("default_drafts", {}).get(target)
+def default_draft(target: str, backend: str = "mlx") -> str | None:
+    """The registry's default draft for a target name on ``backend`` ("mlx", "torch:cpu", ...),
+    if it has one: an entry is one drafter, or one per backend with a ``default``."""
+    entry = _registry().get("default_drafts", {}).get(target)
+    return entry.get(backend, entry["default"]) if isinstance(entry, dict) else entry
 
 
 def listing() -> list[dict]:

@@ -32,7 +32,7 @@ def profiled_draft(draft: str, model_spec: Any) -> str:
     if draft != "default":
         return draft
     target = model_spec.name if hasattr(model_spec, "name") else loading.resolve(model_spec)[0]
-    name = store.default_draft(target)
+    name = store.default_draft(target, getattr(model_spec, "backend", "mlx"))
     if name and name != "none":
         return name
     shipped = [d["name"] for d in store.drafts() if d["target"] == target and d["present"]]
