@@ -93,7 +93,7 @@ def block(h: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     writing its keys and values into the cache's buffers at positions ``slots`` (L,)."""
     (norm1, qkv, qkv_sz, qkv_bias, o, o_sz, o_bias, norm2, gate_up, gate_up_sz, gate_up_bias,
      down, down_sz, down_bias) = weights
-    heads, kv_heads, head_dim, eps, scale, traditional, group = shape
+    heads, kv_heads, head_dim, eps, scale, traditional, group, native = shape
     _, L, _ = h.shape
     x = F.rms_norm(h, (h.shape[-1],), norm1, eps)
     qk, v = product(x, qkv, qkv_sz, qkv_bias, group).split([(heads + kv_heads) * head_dim, kv_heads * head_dim],
@@ -102,7 +102,7 @@ def block(h: torch.Tensor, slots: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         [heads, kv_heads], dim=1)
     keys.index_copy_(2, slots, k)
     values.index_copy_(2, slots, v.reshape(1, L, kv_heads, head_dim).transpose(1, 2))
-    out = (_attend_native if vnni.active() else _attend)(q, keys, values, bias, scale).transpose(1, 2).reshape(1, L, -1)
+    out = (_attend_native if native else _attend)(q, keys, values, bias, scale).transpose(1, 2).reshape(1, L, -1)
     h = h + product(out, o, o_sz, o_bias, group)
     x = F.rms_norm(h, (h.shape[-1],), norm2, eps)
     gate, up = product(x, gate_up, gate_up_sz, gate_up_bias, group).chunk(2, dim=-1)
@@ -162,7 +162,8 @@ class CompiledStack:
         model(torch.tensor([[0]]), None)  # packs the int4 weights (their packing is lazy)
         self.graphs = graphs
         self.shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.attn_scale,
-                      model.rope.traditional, model.layers[0].self_attn.fused_qkv.group_size)
+                      model.rope.traditional, model.layers[0].self_attn.fused_qkv.group_size,
+                      vnni.active())  # the attention kernel with the products'
         self.weights = [_weights(b) for b in model.layers]
         self.kv_heads, self.group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
         self.biases = MaskBiases()
