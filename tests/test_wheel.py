@@ -69,6 +69,7 @@ def test_the_wheel_carries_the_licence_and_the_cards_name_theirs(installed):
 
 @pytest.mark.model
 def test_the_wheel_carries_the_kernels_source(installed):
-    """A machine with VNNI builds the 8-bit product kernel from the installed source."""
+    """A machine with VNNI builds the product and attention kernels from the installed sources."""
     site = next((installed.parent / "lib").glob("python*/site-packages"))
     assert "qmm(Tensor x" in (site / "mlxspec" / "torchpath" / "qmm.cpp").read_text()
+    assert "attend(Tensor q" in (site / "mlxspec" / "torchpath" / "attend.cpp").read_text()
