@@ -384,7 +384,8 @@ ROLLBACK_TARGET = mlx_lm_target("qwen3", seed=5)
 
 def test_the_torch_twin_drafts_what_mlx_does(target, monkeypatch):
     """With its products in float32 the twin's logits are MLX's to 1e-4; in bfloat16 (the
-    default, ``draft_dtype``) to bfloat16's rounding, and either drafts the target's greedy text."""
+    default, ``draft_dtype``) to bfloat16's rounding, rounded to 4 bits where the VNNI kernel
+    runs (``head_bits``) to that rounding, and either drafts the target's greedy text."""
     from mlxspec.torchpath import load as torch_load
     from mlxspec.torchpath.load import head_on_torch
     from mlxspec.torchpath.model import Llama as TorchLlama
@@ -392,8 +393,10 @@ def test_the_torch_twin_drafts_what_mlx_does(target, monkeypatch):
     head = random_head(target, (1, 4, 8), own_embedding=True, norm_before_residual=True, seed=6)
     model = TorchLlama.from_mlx(target.model)
     half = head_on_torch(EagleDrafter(head, "e3"), SimpleNamespace(model=model, source=target))
-    in_bf16 = torch_load.draft_dtype() == torch.bfloat16  # where oneDNN runs it natively
+    bits = torch_load.head_bits()
+    rounded = bits is not None or torch_load.draft_dtype() == torch.bfloat16  # where oneDNN runs it natively
     monkeypatch.setattr(torch_load, "draft_dtype", lambda: torch.float32)
+    monkeypatch.setattr(torch_load, "head_bits", lambda: None)
     twin = head_on_torch(EagleDrafter(head, "e3"), SimpleNamespace(model=model, source=target))
     feats = np.array(target.model(mx.array([PROMPT_IDS]), None, return_hidden=head.wants_hidden)[1][0])
     _, torch_taps = model(torch.tensor([PROMPT_IDS]), None, return_hidden=head.wants_hidden)
@@ -402,7 +405,8 @@ def test_the_torch_twin_drafts_what_mlx_does(target, monkeypatch):
     _, zm = head(mx.array(feats)[None], mx.array([PROMPT_IDS[1:] + [5]]))
     np.testing.assert_allclose(zt.numpy(), np.array(zm), atol=1e-4, rtol=1e-4)
     _, zh = half.head(torch.from_numpy(feats)[None], torch.tensor([PROMPT_IDS[1:] + [5]]))
-    assert float((zh - zt).abs().max() / zt.abs().max()) < 3e-2 and torch.equal(zh, zt) != in_bf16
+    # 4 bits on a random head's Gaussian weights: 16 levels over each group's range, ~16% at the worst logit
+    assert float((zh - zt).abs().max() / zt.abs().max()) < (0.25 if bits else 3e-2) and torch.equal(zh, zt) != rounded
     for drafter in (twin, half):
         assert emitted(generate(model, PROMPT_IDS, GREEDY, 10, set(), 512, 0, drafter, 3)) == plain(target, 10)
     # --k auto's first guess at a head step's cost: dearer beside a compiled target pass

@@ -424,6 +424,9 @@ def tiny_eagle(target: Llama, vocab_ids: list[int]):
 @pytest.mark.parametrize("k, params, max_tokens", [
     pytest.param(2, SamplingParams(temperature=1.0), 3, id="K2-T1"),
     pytest.param(4, SamplingParams(temperature=0.7), 5, id="K4-T0.7"),
+    # the head draws within its own columns: the filters there must give the q it reports
+    pytest.param(2, SamplingParams(temperature=1.0, top_k=2, min_p=0.2), 3, id="K2-T1-topk-minp"),
+    pytest.param(2, SamplingParams(temperature=0.8, top_p=0.7), 3, id="K2-T0.8-topp"),
 ])
 def test_engine_with_an_eagle_head_is_exactly_the_targets(target, k, params, max_tokens, monkeypatch):
     e = check_config(target, tiny_eagle(target, [0, 1, 3]), params, k, max_tokens, monkeypatch)

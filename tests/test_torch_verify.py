@@ -445,6 +445,19 @@ def test_samples_follow_the_processed_distribution():
     assert chisquare(counts[p > 0], p[p > 0] / p.sum() * len(draws)).pvalue > 1e-3
 
 
+def test_a_draw_from_weights_follows_them_and_never_picks_a_zero():
+    """``draw``: what residuals and filtered rows are drawn with, unnormalised, zeros and float32
+    underflows among them (tiny weights keep their share of the cumulative sum)."""
+    weights = torch.tensor([0.0, 3.0, 1e-40, 0.0, 1.0, 6.0], dtype=torch.float32)
+    draws = torch_sampling.draw(weights.expand(30_000, 6), torch_sampling.generator(3)).numpy()
+    counts = np.bincount(draws, minlength=6)
+    assert counts[[0, 2, 3]].sum() == 0 and draws.dtype == np.int32
+    want = np.array([3.0, 1.0, 6.0]) / 10 * len(draws)
+    assert chisquare(counts[[1, 4, 5]], want).pvalue > 1e-3
+    one = torch_sampling.draw(weights, torch_sampling.generator(9))
+    assert one.shape == () and torch.equal(one, torch_sampling.draw(weights, torch_sampling.generator(9)))
+
+
 def test_split_key():
     keys = torch_sampling.split_key(42, 5)
     assert keys == torch_sampling.split_key(42, 5) != torch_sampling.split_key(43, 5)

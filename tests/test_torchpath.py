@@ -309,8 +309,9 @@ def test_real_model_greedy_is_mlx_target_only_for_every_k_and_same_events(both, 
     for k in range(1, 9) if drafter is not None else [1]:
         got = _events(tm, drafter, ids, k)
         assert [t for t, s in got if s != "REJECTED"] == reference, f"K={k}"
-    if drafter is not None:  # by default a draft's products run in bfloat16 (torch_load.draft_dtype)
+    if drafter is not None:  # by default a draft's products run in bfloat16 or 4 bits (torch_load.draft_dtype, head_bits)
         monkeypatch.setattr(torch_load, "draft_dtype", lambda: torch.float32)
+        monkeypatch.setattr(torch_load, "head_bits", lambda: None)  # and a head's not rounded to 4 bits
         assert _events(tm, make_drafter(spec, tm), ids, 4) == _events(lm, make_drafter(spec, lm), ids, 4)
         monkeypatch.undo()
     if spec in ("smollm2-135m-draft", "smollm2-135m-eagle"):  # trees: masks, positions, compaction on torch

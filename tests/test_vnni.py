@@ -218,3 +218,42 @@ def test_only_a_quantized_torch_load_loads_the_kernel(monkeypatch):
     assert calls == []
     loading.load("default", "quantized", backend="torch:cpu")
     assert calls == [1]
+
+
+def test_a_drafters_float_weights_rounded_to_bits_on_the_kernel():
+    """``int4.QuantizedWeight``: the product of the rounded weights (to the kernel's arithmetic),
+    near the float one, rows invariant, fused columns each layer's own, rounded again after an
+    in-place change; a width of partial groups is not taken."""
+    g = torch.Generator().manual_seed(3)
+    w1, w2 = torch.randn(48, 96, generator=g) * 0.1, torch.randn(20, 96, generator=g) * 0.1
+    bias = torch.randn(48, generator=g)
+    x = torch.randn(5, 96, generator=g)
+    for bits in (4, 8):
+        one = int4.QuantizedWeight([w1], [bias], bits)
+        got = one(x)
+        words, s, b = mx.quantize(mx.array(w1.numpy()).astype(mx.float16), group_size=32, bits=bits)
+        q = int4.unpack(torch.from_numpy(np.array(words)).view(torch.int32), bits)
+        s, b = (torch.from_numpy(np.array(t.astype(mx.float32))) for t in (s, b))
+        np.testing.assert_allclose(got.numpy(), reference(x, q, s, b) + bias.numpy(), rtol=1e-5, atol=1e-4)
+        error = float((got - (x @ w1.T + bias)).abs().max() / (x @ w1.T).abs().max())
+        assert error < (0.1 if bits == 4 else 0.01), (bits, error)
+        assert all(torch.equal(got[i], one(x[i : i + 1])[0]) for i in range(5))
+        fused = int4.QuantizedWeight([w1, w2], [bias, None], bits)(x)
+        assert fused.shape == (5, 68) and torch.equal(fused[:, :48], got)
+        assert torch.equal(fused[:, 48:], int4.QuantizedWeight([w2], [None], bits)(x))
+    one = int4.QuantizedWeight([w1], [None], 4)
+    before = one(x)
+    w1.mul_(2.0)
+    assert torch.allclose(one(x), 2 * before, rtol=1e-2, atol=1e-3) and not torch.equal(one(x), before)
+    assert int4.QuantizedWeight.takes([w1]) and not int4.QuantizedWeight.takes([torch.zeros(4, 48)])
+
+
+def test_a_heads_linears_are_rounded_where_they_take_it():
+    """``pack_linears`` with bits: whole-group layers (and the fused q, k, v) on the kernel, the
+    rest packed for oneDNN."""
+    from torch import nn
+
+    module = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 48), nn.Linear(48, 16))
+    assert invariant.pack_linears(module, torch.float32, bits=4)
+    kernels = [type(m.kernel) for m in module]
+    assert kernels == [int4.QuantizedWeight, int4.QuantizedWeight, invariant.PackedWeight]

@@ -181,6 +181,46 @@ class QuantizedHead:
         return vnni.product(h, self.packed, self.scales_biases, self.bits, self.vocab)
 
 
+class QuantizedWeight:
+    """``x @ W.T (+ bias)`` for float weights rounded once to ``bits`` (affine, groups of 32,
+    ``mx.quantize``'s) and multiplied on ``vnni``'s kernel: a drafter's products at a quarter
+    (4 bits) of bfloat16's bytes. A draft head's step comes right after the target's pass has
+    swept its weights out of the cache, so its cost is its bytes: 0.38 ms cold in 4 bits against
+    0.84 in bfloat16 for the eagle head. Rounding moves the drafts, never the reply: q is what they
+    were drawn from. Several weights that read the same input give one product, side by side;
+    rows invariant as the kernel's are. Quantized again if a weight changes in place."""
+
+    def __init__(self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None], bits: int):
+        self.weights, self.biases, self.bits = tuple(weights), tuple(biases), bits
+        self.rows = sum(w.shape[0] for w in weights)
+        self.packed = self.scales_biases = self.bias = self.versions = None
+
+    @staticmethod
+    def takes(weights: Sequence[torch.Tensor]) -> bool:
+        """Whether the kernel multiplies these weights: rows of whole groups."""
+        return all(w.shape[-1] % vnni.GROUP == 0 for w in weights)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        versions = [t._version for t in (*self.weights, *self.biases) if t is not None]
+        if versions != self.versions:
+            self._quantize()
+            self.versions = versions
+        out = vnni.product(x, self.packed, self.scales_biases, self.bits, self.rows)
+        return (out if self.bias is None else out + self.bias).to(x.dtype)
+
+    def _quantize(self) -> None:
+        w = torch.cat([t.detach().float().cpu() for t in self.weights])
+        # float16 scales and biases, as the kernel holds them, so its W is exactly the rounded one
+        words, scales, biases = mx.quantize(mx.array(w.numpy()).astype(mx.float16), group_size=vnni.GROUP,
+                                            bits=self.bits)
+        q = unpack(_torch(words).view(torch.int32), self.bits)
+        self.packed, self.scales_biases = vnni.repack(q, _torch(scales.astype(mx.float32)),
+                                                      _torch(biases.astype(mx.float32)), self.bits)
+        self.bias = None if all(b is None for b in self.biases) else torch.cat(
+            [b.detach().float() if b is not None else torch.zeros(w.shape[0])
+             for w, b in zip(self.weights, self.biases)])
+
+
 def fuse(layers: Sequence[nn.Module]) -> Int4Weight | None:
     """One product for ``layers`` when every one of them is an ``Int4Linear``, else None."""
     return Int4Weight(layers) if all(isinstance(m, Int4Linear) for m in layers) else None

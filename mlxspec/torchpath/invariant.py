@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlxspec.torchpath import int4
-from mlxspec.torchpath.int4 import Int4Linear, Int4Weight
+from mlxspec.torchpath.int4 import Int4Linear, Int4Weight, QuantizedWeight
 
 # Products get at least this many rows (zero rows padded, their outputs dropped). MKL's GEMM
 # rows agree from 4 rows up (see ``_batched``); oneDNN's from 2 (its one-row path sums long rows
@@ -97,49 +97,55 @@ class PackedWeight:
 
 
 class PackedLinear(nn.Linear):
-    """An ``nn.Linear`` whose forward is a ``PackedWeight``'s; its parameters are the replaced
-    module's own, under the same names."""
+    """An ``nn.Linear`` whose forward is a ``PackedWeight``'s (or, given ``bits``, an
+    ``int4.QuantizedWeight``'s where its rows are whole groups); its parameters are the replaced module's own, under the same names."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32, bits: int | None = None):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.kernel = PackedWeight(linear.weight, linear.bias, dtype=dtype)
+        self.kernel = (QuantizedWeight([linear.weight], [linear.bias], bits)
+                       if bits is not None and QuantizedWeight.takes([linear.weight])
+                       else PackedWeight(linear.weight, linear.bias, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernel(x)
 
 
-def pack_linears(module: nn.Module, dtype: torch.dtype = torch.float32) -> bool:
+def pack_linears(module: nn.Module, dtype: torch.dtype = torch.float32, bits: int | None = None) -> bool:
     """Every ``nn.Linear`` inside ``module`` (a drafter's) through oneDNN on weights packed once
     (in ``dtype``), q, k, v and gate, up fused, for speed alone: MKL's one-row product on a
     small weight costs far more than its arithmetic here (the eagle head's 8,192 x 576 head 1.7
     ms against oneDNN's 0.22, a whole head step 3.6 ms against 1.7), and packed, a head step is
-    its weights' bytes (36 MB in float32). Inference only: the packed product has no gradient.
-    False (nothing changed) where packing does not apply."""
+    its weights' bytes (36 MB in float32). ``bits``: each product's weights rounded to that many
+    bits on ``vnni``'s kernel instead (``int4.QuantizedWeight``; the kernel must be active).
+    Inference only: the packed product has no gradient. False (nothing changed) where packing
+    does not apply."""
     linears = [(owner, name, child) for owner in module.modules() for name, child in owner.named_children()
                if type(child) is nn.Linear]
     if not linears or not packing_available(linears[0][2].weight):
         return False
     for owner, name, child in linears:
-        setattr(owner, name, PackedLinear(child, dtype))
+        setattr(owner, name, PackedLinear(child, dtype, bits))
     for owner in module.modules():  # torchpath.model's Attention and MLP: one product for q, k, v; gate, up
         if hasattr(owner, "fused_qkv"):
-            owner.fused_qkv = fuse_projections([owner.q_proj, owner.k_proj, owner.v_proj], dtype)
+            owner.fused_qkv = fuse_projections([owner.q_proj, owner.k_proj, owner.v_proj], dtype, bits)
         if hasattr(owner, "fused_gate_up"):
-            owner.fused_gate_up = fuse_projections([owner.gate_proj, owner.up_proj], dtype)
+            owner.fused_gate_up = fuse_projections([owner.gate_proj, owner.up_proj], dtype, bits)
     return True
 
 
-def fuse_projections(linears: Sequence[nn.Module],
-                     dtype: torch.dtype = torch.float32) -> PackedWeight | Int4Weight | None:
+def fuse_projections(linears: Sequence[nn.Module], dtype: torch.dtype = torch.float32,
+                     bits: int | None = None) -> PackedWeight | Int4Weight | QuantizedWeight | None:
     """One product for projections that read the same input (q, k, v; gate, up): a oneDNN
     call costs ~0.1 ms on top of its arithmetic here, so one product for three or two made the
     one-token pass 0.88x as long (41.1 ms against 46.7, BENCHMARKS.md), with the same bits in
     every column. The file's 4-bit layers fuse into one int4 product; a mix of 4-bit and float
-    layers does not fuse (None)."""
+    layers does not fuse (None). ``bits``: float layers rounded as ``pack_linears`` says."""
     if any(isinstance(m, Int4Linear) for m in linears):
         return int4.fuse(linears)
+    if bits is not None and QuantizedWeight.takes([m.weight for m in linears]):
+        return QuantizedWeight([m.weight for m in linears], [m.bias for m in linears], bits)
     return PackedWeight([m.weight for m in linears], [m.bias for m in linears], dtype=dtype)
 
 

@@ -13,7 +13,7 @@ from mlxspec.core.drafters.eagle import EagleDrafter, EagleHead
 from mlxspec.core.drafters.eagle3 import Eagle3Head
 from mlxspec.core.model import Llama as MlxLlama
 from mlxspec.errors import MlxspecError
-from mlxspec.torchpath import default_dtype, pick_device
+from mlxspec.torchpath import default_dtype, pick_device, vnni
 from mlxspec.torchpath.int4 import Int4Linear
 from mlxspec.torchpath.invariant import bf16_native, make_batch_invariant, pack_linears
 from mlxspec.torchpath.model import DTYPES, DraftModel, Eagle3Head as TorchEagle3Head, EagleHead as TorchEagleHead, Llama
@@ -57,24 +57,36 @@ def to_torch(source: Any, dtype: str = "auto", device: str | None = None) -> Any
 def head_on_torch(drafter: EagleDrafter, target: Any) -> EagleDrafter:
     """The torch twin of an eagle or EAGLE-3 head made for ``target.source`` (the MLX model
     ``target`` was copied from): the same weights, drafting from the torch target's states; on
-    the CPU its products packed for oneDNN (``invariant.pack_linears``), in bfloat16 where
-    oneDNN has it."""
+    the CPU its products rounded to ``HEAD_BITS`` on the VNNI kernel where it runs, else packed
+    for oneDNN (``invariant.pack_linears``), in bfloat16 where oneDNN has it."""
     twins = {EagleHead: TorchEagleHead, Eagle3Head: TorchEagle3Head}
     twin = twins.get(type(drafter.head))
     if twin is None:
         raise MlxspecError(f"cannot move drafter {drafter.name!r} to torch")
     moved = EagleDrafter(twin.from_mlx(drafter.head, target.model), drafter.name)
-    pack_linears(moved.head, draft_dtype())
+    pack_linears(moved.head, draft_dtype(), head_bits())
     if target.model.compiled is not None:
         moved.draft_prior_ratio = COMPILED_HEAD_RATIO
     return moved
 
 
-# A head step's cost beside the compiled target pass (~12.5 ms here), as --k auto assumes it until
-# it has timed one: measured 2.3 ms a drafted token greedy and 3.2-3.5 at T=1 (its row drawn from,
-# and the features of plain steps caught up). With the 0.1 assumed elsewhere a fresh policy drafted
-# with the head at 504 steps of 16 cold T=1 requests (13.7 ms a token, plain steps 12.8); at 0.25, 277.
-COMPILED_HEAD_RATIO = 0.25
+# The head's weights on the VNNI kernel: its step costs its bytes, read cold after the target's
+# pass. Held out at K = 3 (benchmarks/notes/2026-12-05-the-head-in-four-bits.md) a greedy K = 1 draft
+# took 0.53 ms in 4 bits, 0.69 in 8, 0.99 in bfloat16, its first drafts kept 0.321 / 0.329 / 0.332
+# (at T = 1 0.322 / 0.332 / 0.316): the time saved outweighs the drafts lost.
+HEAD_BITS = 4
+
+
+def head_bits() -> int | None:
+    """The bits a head's weights are rounded to here: ``HEAD_BITS`` where the kernel runs, else
+    None (packed as ``draft_dtype`` says)."""
+    return HEAD_BITS if vnni.active() else None
+
+
+# A head step's cost beside the compiled target pass, as --k auto assumes it until it has timed
+# one: in 4 bits 0.54 ms a drafted token greedy and 0.69 at T=1 (drawn within its 8,192 columns)
+# beside plain steps of 3.6-3.9 ms (2.3 and 3.2-3.5 ms in bfloat16 with the whole row, beside 12.5).
+COMPILED_HEAD_RATIO = 0.15
 
 
 def draft_model_on_torch(drafter: ModelDrafter, target: Any) -> ModelDrafter:

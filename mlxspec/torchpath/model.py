@@ -320,9 +320,9 @@ def tapped_teacher_outputs(model: Llama, batch: np.ndarray, every: tuple[int, ..
         return h.half().cpu().numpy(), aux.half().cpu().numpy(), lse.cpu().numpy(), am.int().cpu().numpy()
 
 
-def _full_logits(reduced: torch.Tensor, vocab_ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Reduced logits (..., n) over ``vocab_ids`` -> the full vocabulary, -inf elsewhere."""
-    full = reduced.new_full((*reduced.shape[:-1], vocab), float("-inf"))
+def _full_logits(reduced: torch.Tensor, vocab_ids: torch.Tensor, vocab: int, fill: float = float("-inf")) -> torch.Tensor:
+    """Reduced logits (..., n) over ``vocab_ids`` -> the full vocabulary, ``fill`` (-inf) elsewhere."""
+    full = reduced.new_full((*reduced.shape[:-1], vocab), fill)
     full[..., vocab_ids] = reduced
     return full
 
@@ -423,6 +423,9 @@ class EagleHead(nn.Module):
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
         return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab)
 
+    def full_probs(self, reduced: torch.Tensor) -> torch.Tensor:
+        return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab, 0.0)
+
 
 class Eagle3Layer(nn.Module):
     """``core.drafters.eagle3.Eagle3Layer`` for torch."""
@@ -491,3 +494,6 @@ class Eagle3Head(nn.Module):
 
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
         return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab)
+
+    def full_probs(self, reduced: torch.Tensor) -> torch.Tensor:
+        return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab, 0.0)

@@ -15,7 +15,7 @@ import torch
 
 from mlxspec.core.tree import ancestry, children, depths
 from mlxspec.core.verify import MIN_RESIDUAL_MASS
-from mlxspec.torchpath.sampling import categorical, generator
+from mlxspec.torchpath.sampling import categorical, draw, generator
 
 
 def _work_dtype(*xs: torch.Tensor | None) -> torch.dtype:
@@ -84,10 +84,10 @@ def rejection_verify(
     so (n_accepted, next_token) is a pure function of the inputs and the key."""
     gen = generator(key, p.device)
     if draft.shape[0] == 0:  # a step that drafted nothing: p's own draw, no residual to build
-        return torch.zeros((), dtype=torch.int32, device=p.device), categorical(torch.log(p[0]), gen)
+        return torch.zeros((), dtype=torch.int32, device=p.device), draw(p[0], gen)
     u = torch.rand(draft.shape[0], generator=gen, dtype=_work_dtype(p, q), device=p.device)
     n_accepted, residual_row = rejection_decide(draft, q, p, u)
-    return n_accepted, categorical(torch.log(residual_row), gen)
+    return n_accepted, draw(residual_row, gen)
 
 
 def block_decide(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, eta: torch.Tensor
@@ -122,7 +122,7 @@ def block_verify(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, key: int
     gen = generator(key, p.device)
     eta = torch.rand(draft.shape[0], generator=gen, dtype=_work_dtype(p, q), device=p.device)
     n_accepted, row = block_decide(draft, q, p, eta)
-    return n_accepted, categorical(torch.log(row), gen)
+    return n_accepted, draw(row, gen)
 
 
 def tree_verify(
@@ -204,7 +204,7 @@ def tree_residual_verify(
     gen = generator(key, p.device)
     u = torch.rand(len(parents), generator=gen, dtype=_work_dtype(p, q), device=p.device)
     last, residual = tree_residual_decide(tokens, parents, q, p, u)
-    return last, categorical(torch.log(residual), gen)
+    return last, draw(residual, gen)
 
 
 def pad_vocab(q: torch.Tensor | None, vocab: int) -> torch.Tensor | None:

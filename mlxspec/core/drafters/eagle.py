@@ -26,7 +26,7 @@ from mlxspec.core.drafters.base import (Commit, Proposal, auto_proposal, child_p
                                          processed_row)
 from mlxspec.core.model import Block, LlamaConfig, Unowned
 from mlxspec.core.ops import ops_for
-from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.sampling import CoupledKey, SamplingParams
 from mlxspec.core.tree import GrowingTree, TreeShape, levels, node_mask
 
 
@@ -69,7 +69,14 @@ class DraftVocabHead(nn.Module):
     def full_logits(self, reduced: mx.array) -> mx.array:
         """Draft-vocabulary logits (..., draft_vocab) -> the target's vocabulary, -inf outside
         the draft's ids (``vocab_ids``), so verification gives them q = 0."""
-        full = mx.full((*reduced.shape[:-1], self.cfg.target_vocab), -mx.inf, dtype=reduced.dtype)
+        return self._full(reduced, -mx.inf)
+
+    def full_probs(self, reduced: mx.array) -> mx.array:
+        """Probabilities over the draft vocabulary -> the target's, 0 outside it."""
+        return self._full(reduced, 0.0)
+
+    def _full(self, reduced: mx.array, fill: float) -> mx.array:
+        full = mx.full((*reduced.shape[:-1], self.cfg.target_vocab), fill, dtype=reduced.dtype)
         full[..., self.vocab_ids] = reduced
         return full
 
@@ -147,6 +154,11 @@ class EagleDrafter:
         penalties and bias when those are on (``processed_row``)."""
         if params.greedy and not params.processes:  # argmax over the head's own columns: no full row needed
             return self.head.vocab_ids[z.argmax()], None
+        if not params.processes and not isinstance(key, CoupledKey):
+            # Outside its columns q is 0 under every filter: drawn within them, the row is a sixth
+            # as long (a coupled draw needs the whole row: its noise is keyed by token id).
+            column = self.ops.sample(z, params, key)
+            return self.head.vocab_ids[column], self.head.full_probs(self.ops.probs(z, params))
         logits = processed_row(self.ops, self.head.full_logits(z), params, history, drafted)
         return self.ops.sample(logits, params, key), None if params.greedy else self.ops.probs(logits, params)
 
