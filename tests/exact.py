@@ -259,7 +259,7 @@ def _float64(x) -> np.ndarray:
 def torch_engine_distribution(run: Callable[[], Iterator[Event]], horizon: int, vocab: int, monkeypatch,
                               max_runs: int = 200_000, block: bool = False) -> Enumeration:
     """``engine_distribution`` for a torch target and drafter. torch's draws all go through
-    ``torchpath.sampling.categorical``, which is replaced by the enumerating one; the verifier
+    ``torchpath.sampling.categorical`` or ``draw`` (on weights), replaced by the enumerating one; the verifier
     is torch's ``rejection_decide`` given the uniforms the enumeration chose, then that same
     categorical on its residual (``rejection_verify``'s own draw is checked by sampling in
     tests/test_torch_verify.py)."""
@@ -285,6 +285,7 @@ def torch_engine_distribution(run: Callable[[], Iterator[Event]], horizon: int, 
         mp.setattr(torch_ops, "rejection_verify", oracle.verifier(rejection))
         mp.setattr(torch_ops, "block_verify", oracle.block_verifier(block_rule))
         mp.setattr(torch_sampling, "categorical", oracle.torch_categorical)
+        mp.setattr(torch_sampling, "draw", lambda weights, gen: oracle.torch_categorical(torch.log(weights), gen))
         return _enumerate(oracle, run, horizon, vocab, max_runs)
 
 
