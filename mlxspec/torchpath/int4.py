@@ -149,9 +149,7 @@ class Int4Weight:
             zeros = biases + 8 * scales  # the kernel's (q - 8) * scale + zero
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
             self.scales_zeros = torch.stack([scales.T, zeros.T], dim=-1).contiguous().to(torch.bfloat16)
-        biases = [m.bias for m in self.layers]
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else torch.zeros(m.out_features) for m, b in zip(self.layers, biases)])
+        self.bias = joined_bias([m.bias for m in self.layers], [m.out_features for m in self.layers])
 
 
 class QuantizedHead:
@@ -216,9 +214,15 @@ class QuantizedWeight:
         q = unpack(_torch(words).view(torch.int32), self.bits)
         self.packed, self.scales_biases = vnni.repack(q, _torch(scales.astype(mx.float32)),
                                                       _torch(biases.astype(mx.float32)), self.bits)
-        self.bias = None if all(b is None for b in self.biases) else torch.cat(
-            [b.detach().float() if b is not None else torch.zeros(w.shape[0])
-             for w, b in zip(self.weights, self.biases)])
+        self.bias = joined_bias(self.biases, [t.shape[0] for t in self.weights])
+
+
+def joined_bias(biases: Sequence[torch.Tensor | None], rows: Sequence[int]) -> torch.Tensor | None:
+    """The biases of products fused side by side, in float32, zeros for a layer of ``rows``
+    outputs without one; None when none has a bias."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b.detach().float() if b is not None else torch.zeros(n) for b, n in zip(biases, rows)])
 
 
 def fuse(layers: Sequence[nn.Module]) -> Int4Weight | None:

@@ -88,10 +88,7 @@ class PackedWeight:
 
     def _pack(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         weight = torch.cat([w.detach() for w in self.weights]) if len(self.weights) > 1 else self.weights[0].detach()
-        bias = None
-        if any(b is not None for b in self.biases):
-            bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0])
-                              for w, b in zip(self.weights, self.biases)])
+        bias = int4.joined_bias(self.biases, [w.shape[0] for w in self.weights])
         bias = None if bias is None else bias.to(self.dtype)
         return torch.ops.mkldnn._reorder_linear_weight(weight.to(self.dtype)), bias
 

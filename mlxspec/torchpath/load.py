@@ -71,8 +71,8 @@ def head_on_torch(drafter: EagleDrafter, target: Any) -> EagleDrafter:
 
 
 # The head's weights on the VNNI kernel: its step costs its bytes, read cold after the target's
-# pass. Held out at K = 3 (benchmarks/notes/2026-12-05-the-head-in-four-bits.md) a greedy K = 1 draft
-# took 0.53 ms in 4 bits, 0.69 in 8, 0.99 in bfloat16, its first drafts kept 0.321 / 0.329 / 0.332
+# pass. Held out (benchmarks/results/head-bits.json) a greedy K = 1 step drafted in 0.54 ms in 4 bits,
+# 0.68 in 8, 1.05 in bfloat16, and at K = 3 kept its first draft 0.321 / 0.329 / 0.332 of the time
 # (at T = 1 0.322 / 0.332 / 0.316): the time saved outweighs the drafts lost.
 HEAD_BITS = 4
 

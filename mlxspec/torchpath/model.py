@@ -320,8 +320,9 @@ def tapped_teacher_outputs(model: Llama, batch: np.ndarray, every: tuple[int, ..
         return h.half().cpu().numpy(), aux.half().cpu().numpy(), lse.cpu().numpy(), am.int().cpu().numpy()
 
 
-def _full_logits(reduced: torch.Tensor, vocab_ids: torch.Tensor, vocab: int, fill: float = float("-inf")) -> torch.Tensor:
-    """Reduced logits (..., n) over ``vocab_ids`` -> the full vocabulary, ``fill`` (-inf) elsewhere."""
+def _full_row(reduced: torch.Tensor, vocab_ids: torch.Tensor, vocab: int, fill: float = float("-inf")) -> torch.Tensor:
+    """A reduced row (..., n) over ``vocab_ids`` -> the full vocabulary, ``fill`` elsewhere: -inf
+    for logits, 0 for probabilities."""
     full = reduced.new_full((*reduced.shape[:-1], vocab), fill)
     full[..., vocab_ids] = reduced
     return full
@@ -374,7 +375,7 @@ class DraftModel(nn.Module):
         cos, sin = self.rope.tables(positions, h.dtype)
         for layer, c in zip(self.layers, cache or [None] * len(self.layers)):
             h = layer(h, mask, c, self.rope, cos, sin)
-        return _full_logits(self.lm_head(self.norm(h)), self.vocab_ids, self.cfg.target_vocab)
+        return _full_row(self.lm_head(self.norm(h)), self.vocab_ids, self.cfg.target_vocab)
 
 
 class EagleHead(nn.Module):
@@ -421,10 +422,10 @@ class EagleHead(nn.Module):
         return pred, self.logits(pred)
 
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
-        return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab)
+        return _full_row(reduced, self.vocab_ids, self.cfg.target_vocab)
 
     def full_probs(self, reduced: torch.Tensor) -> torch.Tensor:
-        return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab, 0.0)
+        return _full_row(reduced, self.vocab_ids, self.cfg.target_vocab, 0.0)
 
 
 class Eagle3Layer(nn.Module):
@@ -493,7 +494,7 @@ class Eagle3Head(nn.Module):
         return pred, self.logits(pred)
 
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
-        return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab)
+        return _full_row(reduced, self.vocab_ids, self.cfg.target_vocab)
 
     def full_probs(self, reduced: torch.Tensor) -> torch.Tensor:
-        return _full_logits(reduced, self.vocab_ids, self.cfg.target_vocab, 0.0)
+        return _full_row(reduced, self.vocab_ids, self.cfg.target_vocab, 0.0)
