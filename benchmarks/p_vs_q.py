@@ -2,7 +2,7 @@
 chat's sampling? (issue 38 item 1)
 
 Rejection sampling keeps a draft drawn from q with probability sum_x min(p, q) (the overlap);
-a lookup draft d (a point mass) with probability p(d). This runs the default (ngram:3 + the
+a lookup draft d (a point mass) with probability p(d). This runs the cascade (ngram:3 + the
 eagle head) on held-out prompts at a fixed K = 3, so every step drafts three tokens, and at each
 verify pass records, for every draft position the step reached (its earlier drafts kept, so p
 is the target's distribution given them):
@@ -19,7 +19,7 @@ Records are grouped by setting, prompt category and position.
         [--out benchmarks/results/p-vs-q.json]
 
 The instrument wraps the torch backend's ``rejection_verify`` (to see p, q and the drafts of each
-pass) and the head's ``full_logits`` (to see its unfiltered row); neither changes a decision.
+pass) and the head's ``forward`` (to see its unfiltered row); neither changes a decision.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Slot:
     overlap_raw: float | None = None
     p_argmax_q: float | None = None
     gumbel: float | None = None
+    q_token: float | None = None  # q of the drafted token: what a per-step K could read before verifying
     p_lookup: float | None = None
 
 
@@ -78,18 +79,20 @@ class Cell:
 
 
 class Recorder:
-    """Wraps ``rejection_verify`` and the head's ``full_logits`` for one setting's runs."""
+    """Wraps ``rejection_verify`` and the head's ``forward`` for one setting's runs."""
 
     def __init__(self, head, noise: int):
         self.noise, self.raw_rows, self.passes = noise, [], []
-        self._verify, self._full = torch_ops.rejection_verify, head.full_logits
+        self._verify, self._forward = torch_ops.rejection_verify, head.forward
         torch_ops.rejection_verify = self.verify
-        head.full_logits = self.full_logits
+        head.forward = self.forward
+        self.head = head
 
-    def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
-        row = self._full(reduced)
-        self.raw_rows.append(row)
-        return row
+    def forward(self, *args, **kwargs):
+        # each chained draft is drawn from the last row of one head call: its unfiltered row
+        pred, z = self._forward(*args, **kwargs)
+        self.raw_rows.append(self.head.full_logits(z[0, -1]))
+        return pred, z
 
     def verify(self, draft, q, p, key):
         n, nxt = self._verify(draft, q, p, key)
@@ -102,7 +105,8 @@ class Recorder:
         return n, nxt
 
     def close(self, head) -> None:
-        torch_ops.rejection_verify, head.full_logits = self._verify, self._full
+        torch_ops.rejection_verify = self._verify
+        del head.forward
 
 
 def slots(setting: str, category: str, passes: list, noise: int) -> list[Slot]:
@@ -119,7 +123,8 @@ def slots(setting: str, category: str, passes: list, noise: int) -> list[Slot]:
             g = -torch.log(-torch.log(torch.rand(noise, len(pj), dtype=torch.float64).clamp_min(1e-300)))
             match = ((torch.log(qj) + g).argmax(-1) == (torch.log(pj) + g).argmax(-1)).double().mean()
             out.append(Slot(setting, category, j + 1, "head", j < kept, float(torch.minimum(pj, qj).sum()),
-                            float(torch.minimum(pj, q_raw).sum()), float(pj[int(qj.argmax())]), float(match)))
+                            float(torch.minimum(pj, q_raw).sum()), float(pj[int(qj.argmax())]), float(match),
+                            float(qj[d])))
     return out
 
 
@@ -144,17 +149,46 @@ def cells(all_slots: list[Slot]) -> list[Cell]:
     return sorted(out, key=lambda c: (c.setting, c.category != "all", c.category, c.position))
 
 
+BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.01)  # edges of q(drafted token)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Head slots whose drafted token had q in [low, high): how often the engine kept them."""
+
+    setting: str
+    low: float
+    high: float
+    slots: int
+    share: float  # of the setting's head slots
+    kept: float | None
+    overlap: float | None
+
+
+def calibration(all_slots: list[Slot]) -> list[Calibration]:
+    out = []
+    for setting in dict.fromkeys(s.setting for s in all_slots):
+        head = [s for s in all_slots if s.setting == setting and s.source == "head"]
+        for low, high in zip(BUCKETS, BUCKETS[1:]):
+            group = [s for s in head if low <= s.q_token < high]
+            out.append(Calibration(setting, low, min(high, 1.0), len(group), round(len(group) / max(len(head), 1), 3),
+                                   round(statistics.fmean(float(s.accepted) for s in group), 3) if group else None,
+                                   round(statistics.fmean(s.overlap for s in group), 3) if group else None))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent / "prompts" / "heldout-8.jsonl"))
     ap.add_argument("-n", "--max-tokens", type=int, default=96)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--noise", type=int, default=32, help="Gumbel draws per slot for the coupled match rate")
+    ap.add_argument("--draft", default="ngram:3+smollm2-135m-eagle", help="a cascade whose last part is an eagle head")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     torch.manual_seed(0)
     items = read_prompts_file(a.prompts)
-    session = Session.open(SessionOptions("default", "auto", "torch", "default", K)).ready()
+    session = Session.open(SessionOptions("default", "auto", "torch", a.draft, K)).ready()
     head = session.drafter.parts[-1].head
     all_slots: list[Slot] = []
     for setting, temperature, min_p in SETTINGS:
@@ -178,9 +212,14 @@ def main() -> None:
         if c.category == "all":
             print(f"| {c.setting} | {c.position} | {c.head_slots} | {c.accepted_head} | {c.overlap} | {c.overlap_raw} | "
                   f"{c.p_argmax_q} | {c.gumbel} | {c.lookup_slots} | {c.p_lookup} |")
+    calib = calibration(all_slots)
+    print("\n| setting | q(drafted token) | head slots (share) | kept | overlap |\n|---|---|---|---|---|")
+    for c in calib:
+        print(f"| {c.setting} | {c.low:.2f}-{c.high:.2f} | {c.slots} ({c.share}) | {c.kept} | {c.overlap} |")
     if a.out:
         a.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "k": K, "drafter": session.drafter.name,
-                                     "cells": [asdict(c) for c in table]}, indent=1) + "\n")
+                                     "cells": [asdict(c) for c in table],
+                                     "calibration": [asdict(c) for c in calib]}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import random
 import pytest
 
 import mlxspec  # noqa: F401  (fast BLAS before mlx)
-from mlxspec.core.autok import AutoK, parse_k_option
+from mlxspec.core.autok import AutoK, SourcedK, parse_k_option
 from mlxspec.errors import MlxspecError
 from mlxspec.core.tree import parse_tree
 
@@ -248,13 +248,33 @@ def test_k_policy_factory(tiny, tmp_path, monkeypatch):
     assert k_policy("3", NgramDrafter(3), curve) == 3
     assert k_policy(None, None, curve) == 4  # --k not given, no drafter: K unused
     assert lines == []  # nothing measured for a fixed K
-    p = k_policy(None, NgramDrafter(3), curve, max_k=4)  # not given: auto
+    p = k_policy(None, NgramDrafter(3), curve, max_k=4)  # not given: auto, match lengths pooled
     assert isinstance(p, AutoK) and p.max_k == 4 and len(p.cost) == 5
     assert lines and "measuring the verify cost of tiny" in lines[0]
     assert curve_path("tiny", "float32").is_file()
     lines.clear()
     k_policy("auto", NgramDrafter(3), curve, max_k=4)
     assert lines == []  # cached
+
+
+def test_sourced_k_learns_each_of_lookups_match_lengths_on_its_own():
+    from mlxspec.core.drafters import NgramDrafter
+
+    d = NgramDrafter(3)
+    curve = [10.0 + 2.0 * i for i in range(9)]
+    policy = SourcedK([AutoK(curve), AutoK(curve)], d)
+    longer, shorter = policy.policies
+    for _ in range(30):  # 3-token matches always kept, 2-token ones never
+        d.used_source = 0
+        policy.observe(4, 4)
+        d.used_source = 1
+        policy.observe(4, 0)
+    assert longer.acceptance()[0] > 0.9 and shorter.acceptance()[0] < 0.1
+    d.reset([1, 2, 3, 9, 2, 3])  # a 2-token match: not worth drafting
+    assert policy.next_k() == 0
+    d.reset([1, 2, 3, 9, 1, 2, 3])  # a 3-token match: a long chain
+    assert policy.next_k() == longer.best() >= 4
+    assert list(policy.describe()) == ["ngram:3 matching 3", "ngram:3 matching 2"]
 
 
 def test_time_verify_warms_up_then_rotates_the_pass_lengths(tiny):

@@ -47,18 +47,18 @@ class Logged(CascadeDrafter):
 
     def __init__(self, parts):
         super().__init__(parts)
-        self.sources: list[int] = []
+        self.drafted_by: list[int] = []
 
     def propose(self, history, k, params, key):
         p = super().propose(history, k, params, key)
         if p.tokens.size:
-            self.sources.append(self.used)
+            self.drafted_by.append(self.used)
         return p
 
     def propose_tree(self, history, shape, params, key, draft_probs=False):
         p = super().propose_tree(history, shape, params, key, draft_probs)
         if p.tokens.size:
-            self.sources.append(self.used)
+            self.drafted_by.append(self.used)
         return p
 
 
@@ -85,9 +85,9 @@ def test_greedy_is_target_only_at_every_k_auto_and_with_trees(target, lookup):
         events = list(generate(target.model, PROMPT_IDS, GREEDY, 40, set(), 512, 0, drafter, policy, tree=tree))
         assert emitted(events) == want, (k, tree)
         steps = [ev for ev in events if isinstance(ev, Step)]
-        assert [ev.drafter for ev in steps if ev.k] == [drafter.parts[i].name for i in drafter.sources]
+        assert [ev.drafter for ev in steps if ev.k] == [drafter.parts[i].name for i in drafter.drafted_by]
         assert all(ev.drafter is None for ev in steps if not ev.k)
-        sources += drafter.sources
+        sources += drafter.drafted_by
     assert sources.count(0) > 10 and sources.count(1) > 10, sources  # both parts drafted
 
 
@@ -102,7 +102,7 @@ def test_the_joint_distribution_at_t1_is_exactly_the_targets(monkeypatch):
     for k in (1, 2):
         def run(k=k):
             d = Logged([NgramDrafter(1, min_n=1), EagleDrafter(head, "e3")])
-            d.sources = sources
+            d.drafted_by = sources
             return generate(model, PROMPT, params, 3, set(), 512, seed=0, drafter=d, k=k)
 
         e = engine_distribution(run, 3, EXACT_VOCAB, monkeypatch)

@@ -48,6 +48,20 @@ def test_ngram_needs_two_matching_tokens_by_default():
     assert NgramDrafter(1).propose([4, 8, 4], 1, GREEDY, None).tokens.tolist() == [8]  # ngram:1 is unigram
 
 
+def test_ngram_tells_its_match_lengths_apart_before_drafting():
+    """``--k auto`` learns each match length's acceptance on its own (``autok.SourcedK``)."""
+    assert NgramDrafter(2).sources == ("ngram:2",)
+    d = NgramDrafter(3, min_n=1)
+    assert d.sources == ("ngram:3 matching 3", "ngram:3 matching 2", "ngram:3 matching 1")
+    d.reset([1, 2, 3, 4, 9, 2, 3])  # [2, 3] occurred before, [9, 2, 3] did not
+    assert d.upcoming_source() == 1
+    d.commit(Commit([4, 7], 1, 9))  # keeps 4, then 9: [3, 4, 9] occurred before
+    assert d.history == [1, 2, 3, 4, 9, 2, 3, 4, 9] and d.upcoming_source() == 0
+    assert d.propose(d.history, 2, GREEDY, None).tokens.tolist() == [2, 3] and d.used_source == 0
+    d.commit(Commit([2, 3], 0, 8))  # [9, 8] and [8] never occurred: the lowest kind, and no draft
+    assert d.upcoming_source() == 2 and d.propose(d.history, 2, GREEDY, None).tokens.size == 0
+
+
 def test_ngram_without_a_match_proposes_nothing():
     proposal = NgramDrafter(2).propose([1, 2, 3, 4], 3, GREEDY, None)
     assert proposal.tokens.size == 0 and proposal.q is None and proposal.is_chain

@@ -911,8 +911,18 @@ def test_keys_on_the_real_model_and_stop_keeps_partial_answer(lm):
     it); Esc stops mid-generation and keeps what was generated."""
 
     async def go():
-        # 400 tokens: on a loaded CI machine a 200-token reply once ended before the five presses did
-        app = ChatApp(ModelSource(loaded=lm, baseline_tokens=0), Settings(draft="ngram:3", k=4, max_tokens=400))
+        # Paced at 20 ms a step: unpaced, a quiet machine finished the story (EOS) before the five
+        # presses were handled, and a loaded one once did with a 200-token limit.
+        source = ModelSource(loaded=lm, baseline_tokens=0)
+        unpaced = source.events
+
+        def paced(*args, **kwargs):
+            for event in unpaced(*args, **kwargs):
+                time.sleep(0.02)
+                yield event
+
+        source.events = paced
+        app = ChatApp(source, Settings(draft="ngram:3", k=4, max_tokens=400))
         latencies = []
         original = app.action_change_k
 

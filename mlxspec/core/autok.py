@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlxspec.core.drafters.base import MAX_K, parse_k, trait
+from mlxspec.core.drafters.base import MAX_K, parse_k, sources, trait, upcoming_source, used_source
 from mlxspec.core.drafters.cascade import CascadeDrafter
 from mlxspec.errors import MlxspecError
 
@@ -227,13 +227,20 @@ class AutoK:
 
 
 class SourcedK:
-    """``--k auto`` for a cascade (``drafters.cascade``): one ``AutoK`` per part, each learning
-    the acceptance and draft cost of the steps its part drafted. The verify timings of every
-    step go to all of them, so they share one view of how busy the machine is."""
+    """``--k auto`` for a drafter that tells kinds of draft apart before drafting
+    (``drafters.base.sources``: a cascade's parts, prompt lookup's match lengths): one ``AutoK``
+    per kind, each learning the acceptance and draft cost of the steps that kind drafted. The
+    verify timings of every step go to all of them, so they share one view of how busy the
+    machine is.
+
+    ``k_policy`` builds one for a cascade only. Prompt lookup's match lengths are kinds too (a
+    3-token match's first draft is kept 0.73-0.75 of the time, a 2-token one's 0.39-0.55), but
+    learning them apart chose other K's for the same wall-clock time as one pooled estimate
+    (1.00x at T=1 and the chat's sampling, 0.99x greedy: ``benchmarks/k_by_source.py``)."""
 
     def __init__(self, policies: Sequence[AutoK], drafter: Any):
         self.policies, self.drafter = list(policies), drafter
-        # The part behind each observed step whose timing has not come yet: the engine gives a
+        # The kind behind each observed step whose timing has not come yet: the engine gives a
         # run's timings when it ends (``core.engine``), in step order.
         self._untimed: deque[int] = deque()
 
@@ -258,20 +265,21 @@ class SourcedK:
         return SourcedK([p.fresh() for p in self.policies], self.drafter)
 
     def next_k(self) -> int:
-        return self.policies[self.drafter.upcoming()].next_k()
+        return self.policies[upcoming_source(self.drafter)].next_k()
 
     def observe(self, drafted: int, accepted: int) -> None:
-        self.policies[self.drafter.used].observe(drafted, accepted)
-        self._untimed.append(self.drafter.used)
+        used = used_source(self.drafter)
+        self.policies[used].observe(drafted, accepted)
+        self._untimed.append(used)
 
     def observe_timing(self, draft_ms: float, verify_ms: float, drafted: int) -> None:
-        # a draft time only for the part that drafted that step (AutoK skips a non-finite one)
-        used = self._untimed.popleft() if self._untimed else self.drafter.used
+        # a draft time only for the kind that drafted that step (AutoK skips a non-finite one)
+        used = self._untimed.popleft() if self._untimed else used_source(self.drafter)
         for i, p in enumerate(self.policies):
             p.observe_timing(draft_ms if i == used else math.nan, verify_ms, drafted)
 
     def describe(self) -> dict[str, Any]:
-        return {part.name: p.describe() for part, p in zip(self.drafter.parts, self.policies)}
+        return dict(zip(sources(self.drafter), (p.describe() for p in self.policies)))
 
 
 def _auto_for(drafter: Any, cost: Any, max_k: int) -> AutoK:
@@ -285,11 +293,10 @@ NEEDS_DRAFTER = ("--k auto needs a drafter, but --draft is none: nothing would b
 
 def k_policy(spec: Any, drafter: Any, cost_curve: Callable[[int], Any],
              max_k: int | None = None) -> int | AutoK | SourcedK:
-    """A ``--k`` value as the engine takes it: an int for a fixed K, or an ``AutoK`` (a ``SourcedK``
-    for a cascade) for ``auto``
-    (drafting up to ``max_k``, default 8, against ``cost_curve(n)``, this machine's cost of target
-    passes over 1..n tokens). ``spec`` None (``--k`` not given): auto with a drafter; without one
-    K is unused (4)."""
+    """A ``--k`` value as the engine takes it: an int for a fixed K, or for ``auto`` an ``AutoK``
+    (a ``SourcedK`` over a cascade's parts) drafting up to ``max_k`` (default 8) against
+    ``cost_curve(n)``, this machine's cost of target passes over 1..n tokens. ``spec`` None
+    (``--k`` not given): auto with a drafter; without one K is unused (4)."""
     if spec is None and drafter is None:
         return 4
     k = parse_k_option("auto" if spec is None else spec)

@@ -106,9 +106,27 @@ class Drafter(Protocol):
 # ``draft_prior_ratio``, its step's cost as a share of a target pass until ``--k auto`` has
 # timed it; ``offers``, a method ``offers(history) -> bool`` saying in advance whether it would
 # draft (only such a drafter can go first in a cascade); ``proposer``, the name of what drafted
-# the last proposal (a cascade's part).
+# the last proposal (a cascade's part); ``sources``, the names of the kinds of draft it can tell
+# apart before drafting (prompt lookup: how long a match it found), with ``upcoming_source()``,
+# the kind it would draft after the committed text, and ``used_source``, the kind it last drafted,
+# so that ``--k auto`` learns each kind's acceptance on its own.
 TRAITS: dict[str, Any] = {"samples_children": False, "commits_any": False, "draft_prior_ratio": 0.1,
-                          "offers": None, "proposer": None}
+                          "offers": None, "proposer": None, "sources": None}
+
+
+def sources(drafter: Any) -> tuple[str, ...]:
+    """The kinds of draft ``drafter`` tells apart before drafting: its ``sources``, or its name."""
+    return tuple(trait(drafter, "sources") or (drafter.name,))
+
+
+def upcoming_source(drafter: Any) -> int:
+    """The index in ``sources(drafter)`` of the kind it would draft after the committed text."""
+    return drafter.upcoming_source() if trait(drafter, "sources") else 0
+
+
+def used_source(drafter: Any) -> int:
+    """The index in ``sources(drafter)`` of the kind it drafted last."""
+    return drafter.used_source if trait(drafter, "sources") else 0
 
 
 def trait(drafter: Any, name: str) -> Any:

@@ -65,6 +65,18 @@ class CascadeDrafter:
         self._upcoming = None
 
     @property
+    def sources(self) -> tuple[str, ...]:
+        """Its kinds of draft (``base.sources``) are its parts."""
+        return tuple(p.name for p in self.parts)
+
+    def upcoming_source(self) -> int:
+        return self.upcoming()
+
+    @property
+    def used_source(self) -> int:
+        return self.used
+
+    @property
     def proposer(self) -> str:
         """The name of the part that drafted the last proposal (``Step.drafter``)."""
         return self.parts[self.used].name
