@@ -109,7 +109,7 @@ class Drafter(Protocol):
 # the last proposal (a cascade's part); ``sources``, the names of the kinds of draft it can tell
 # apart before drafting (prompt lookup: how long a match it found), with ``upcoming_source()``,
 # the kind it would draft after the committed text, and ``used_source``, the kind it last drafted,
-# so that ``--k auto`` learns each kind's acceptance on its own.
+# so that a K policy can learn each kind's acceptance on its own (``autok.SourcedK``).
 TRAITS: dict[str, Any] = {"samples_children": False, "commits_any": False, "draft_prior_ratio": 0.1,
                           "offers": None, "proposer": None, "sources": None}
 
