@@ -83,10 +83,9 @@ class Recorder:
 
     def __init__(self, head, noise: int):
         self.noise, self.raw_rows, self.passes = noise, [], []
-        self._verify, self._forward = torch_ops.rejection_verify, head.forward
+        self.head, self._verify, self._forward = head, torch_ops.rejection_verify, head.forward
         torch_ops.rejection_verify = self.verify
         head.forward = self.forward
-        self.head = head
 
     def forward(self, *args, **kwargs):
         # each chained draft is drawn from the last row of one head call: its unfiltered row
@@ -104,9 +103,9 @@ class Recorder:
         self.raw_rows = []
         return n, nxt
 
-    def close(self, head) -> None:
+    def close(self) -> None:
         torch_ops.rejection_verify = self._verify
-        del head.forward
+        del self.head.forward
 
 
 def slots(setting: str, category: str, passes: list, noise: int) -> list[Slot]:
@@ -200,7 +199,7 @@ def main() -> None:
                     steps = [ev for ev in session.stream(session.encode(it["text"]), params, a.max_tokens, seed)
                              if isinstance(ev, Step)]
                 finally:
-                    rec.close(head)
+                    rec.close()
                 assert len(rec.passes) == sum(1 for s in steps if s.k), "a drafting step went unrecorded"
                 all_slots += slots(setting, it.get("category", "all"), rec.passes, a.noise)
             print(f"{setting} {it['id']}", flush=True)

@@ -49,7 +49,7 @@ def test_ngram_needs_two_matching_tokens_by_default():
 
 
 def test_ngram_tells_its_match_lengths_apart_before_drafting():
-    """``--k auto`` learns each match length's acceptance on its own (``autok.SourcedK``)."""
+    """So that a K policy can learn each match length's acceptance on its own (``autok.SourcedK``)."""
     assert NgramDrafter(2).sources == ("ngram:2",)
     d = NgramDrafter(3, min_n=1)
     assert d.sources == ("ngram:3 matching 3", "ngram:3 matching 2", "ngram:3 matching 1")

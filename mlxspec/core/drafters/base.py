@@ -78,6 +78,11 @@ class Commit:
         """The indices of the accepted drafts, in order."""
         return list(range(self.accepted)) if self.path is None else list(self.path)
 
+    @property
+    def committed(self) -> list[int]:
+        """The tokens the step added to the text: the accepted drafts, then ``next_token``."""
+        return [self.drafted[i] for i in self.accepted_nodes] + [self.next_token]
+
 
 class Drafter(Protocol):
     """What the engine drafts through. Beside the methods, a drafter may declare traits (class

@@ -110,5 +110,5 @@ class CascadeDrafter:
     def commit(self, commit: Commit) -> None:
         for p in self.parts:
             p.commit(commit)
-        self.history += [commit.drafted[i] for i in commit.accepted_nodes] + [commit.next_token]
+        self.history += commit.committed
         self._upcoming = None

@@ -260,4 +260,4 @@ class EagleDrafter:
         rewind(self.cache, self.fed)
         self.fed = 0
         self.pending_features.append(self.ops.astype(commit.hidden, self.head.fc.weight))
-        self.pending_tokens += [commit.drafted[i] for i in commit.accepted_nodes] + [commit.next_token]
+        self.pending_tokens += commit.committed

@@ -125,7 +125,7 @@ class ModelDrafter:
 
     def commit(self, commit: Commit) -> None:
         drafted = commit.drafted
-        self.committed += [drafted[i] for i in commit.accepted_nodes] + [commit.next_token]
+        self.committed += commit.committed
         if not drafted:  # nothing was proposed, so pending was not fed either
             self.pending.append(commit.next_token)
             return

@@ -123,5 +123,5 @@ class NgramDrafter:
         return found
 
     def commit(self, commit: Commit) -> None:
-        self.history += [commit.drafted[i] for i in commit.accepted_nodes] + [commit.next_token]
+        self.history += commit.committed
         self._upcoming = None

@@ -229,7 +229,7 @@ class SuffixDrafter:
         self.index.restart(list(prompt))
 
     def commit(self, commit: Commit) -> None:
-        self.index.extend([commit.drafted[i] for i in commit.accepted_nodes] + [commit.next_token])
+        self.index.extend(commit.committed)
 
     def _sync(self, history: list[int]) -> None:
         """Follow ``history`` if it is not the current sequence (a caller that skipped ``reset``
