@@ -229,11 +229,14 @@ def torch_twin_target(target):
     return torch, TorchLlama.from_mlx(target.model)
 
 
-@pytest.mark.parametrize("loss, lam", [("kl", 1.0), ("eal", 0.4), ("eal", 0.0), ("wtv", 0.7), ("wtv", 0.0)])
+@pytest.mark.parametrize("loss, lam, min_p, fit_top", [
+    ("kl", 1.0, 0.0, 0), ("eal", 0.4, 0.0, 0), ("eal", 0.0, 0.0, 0), ("wtv", 0.7, 0.0, 0), ("wtv", 0.0, 0.0, 0),
+    ("wtv", 0.0, 0.1, 0), ("wtv", 0.7, 0.3, 0), ("wtv", 0.0, 0.0, 3), ("eal", 0.0, 0.0, 2), ("wtv", 0.2, 0.1, 3)])
 @pytest.mark.parametrize("temp", [1.0, 0.6])
-def test_torch_objectives_and_gradients_equal_mlx(target, loss, lam, temp):
+def test_torch_objectives_and_gradients_equal_mlx(target, loss, lam, min_p, fit_top, temp):
     """The torch trainer optimises the same function: every objective and every parameter's
-    gradient equal MLX's on the same batch, for each loss, blend weight and temperature."""
+    gradient equal MLX's on the same batch, for each loss, blend weight, temperature, teacher
+    filter and fit mask."""
     from mlxspec.torchpath.model import EagleHead as TorchHead
 
     torch, tt = torch_twin_target(target)
@@ -243,8 +246,27 @@ def test_torch_objectives_and_gradients_equal_mlx(target, loss, lam, temp):
     col_of[np.array(head.vocab_ids)] = np.arange(len(HEAD_IDS))
     batch = make_batch(tiny_features(target), np.arange(4), 20, np.random.default_rng(2), col_of)
     batch["teacher_rows"] = rows
-    cfg = EagleTrainConfig(loss=loss, k=3, temp=temp, batch=4, context=20)
+    cfg = EagleTrainConfig(loss=loss, k=3, temp=temp, min_p=min_p, fit_top=fit_top, batch=4, context=20)
     assert_torch_objectives_equal_mlx(head, TorchHead.from_mlx(head, tt).float().requires_grad_(True), batch, cfg, lam)
+
+
+def test_a_min_p_teacher_is_for_wtv_and_changes_what_it_scores(target):
+    """--min-p filters wtv's teacher only, within [0, 1); filtered, the first-draft overlap it
+    reports is another number than the whole teacher's."""
+    with pytest.raises(MlxspecError, match="--min-p"):
+        EagleTrainConfig(loss="eal", min_p=0.1).validate()
+    with pytest.raises(MlxspecError, match="--min-p"):
+        EagleTrainConfig(loss="wtv", min_p=1.0).validate()
+    with pytest.raises(MlxspecError, match="--fit-top"):
+        EagleTrainConfig(loss="kl", fit_top=3).validate()
+    head = random_head(target, seed=3)
+    col_of = np.full(VOCAB, -1, np.int32)
+    col_of[np.array(head.vocab_ids)] = np.arange(len(HEAD_IDS))
+    batch = make_batch(tiny_features(target), np.arange(4), 20, np.random.default_rng(2), col_of)
+    batch["teacher_rows"] = target.model.model.embed_tokens.weight[head.vocab_ids]
+    firsts = [objectives(head, batch, EagleTrainConfig(loss="wtv", k=3, min_p=m, batch=4, context=20), 0.0)[3].item()
+              for m in (0.0, 0.2)]
+    assert 0.0 < firsts[0] < 1.0 and 0.0 < firsts[1] < 1.0 and abs(firsts[0] - firsts[1]) > 1e-3, firsts
 
 
 def test_torch_training_improves_its_objective_and_resumes_exactly(target, tmp_path):

@@ -1,9 +1,11 @@
+import dataclasses
 import json
 
 import pytest
 from typer.testing import CliRunner
 
 from mlxspec.cli import app
+from mlxspec.errors import MlxspecError
 from mlxspec.measure.evaldraft import EvalOptions, eval_draft, tau_at
 
 pytestmark = pytest.mark.model
@@ -35,3 +37,20 @@ def test_eval_cli_writes_json(tmp_path, quick_draft):
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert [(x["temp"], x["k"]) for x in data["results"]] == [(0.0, 3)] and "held-out" not in r.stdout
+
+
+def test_eval_samples_through_a_min_p_as_the_chat_does(lm, quick_draft, monkeypatch):
+    """--min-p reaches the engine at T > 0 only (greedy rows are unchanged) and is recorded;
+    a bad one is refused before anything runs."""
+    from mlxspec.measure import evaldraft
+
+    out, _ = quick_draft
+    seen, run = [], evaldraft.engine_run
+    monkeypatch.setattr(evaldraft, "engine_run", lambda lm_, p, params, *a: seen.append(params) or run(lm_, p, params, *a))
+    options = EvalOptions(lm, str(out), ks=(3,), temps=(0.0, 1.0), max_tokens=12, categories=("qa",))
+    plain, chat = (eval_draft(dataclasses.replace(options, min_p=m)) for m in (0.0, 0.5))
+    assert [(s.temperature, s.min_p) for s in seen] == [(0.0, 0.0), (1.0, 0.0), (0.0, 0.0), (1.0, 0.5)]
+    assert chat.min_p == 0.5 and chat.to_json()["min_p"] == 0.5 and plain.to_json()["min_p"] == 0.0
+    assert chat.results[0].tokens == plain.results[0].tokens and chat.results[0].tau == plain.results[0].tau
+    with pytest.raises(MlxspecError, match="min-p"):
+        eval_draft(dataclasses.replace(options, min_p=1.5))

@@ -85,20 +85,23 @@ def ref_eal(dl, targets, k, mask, sharpen=1.0) -> float:
     return -ref_masked_mean(ref_window(a, k, mask), mask) / k
 
 
-def ref_wtv_accept(tlp, dl, temp, mask) -> np.ndarray:
+def ref_wtv_accept(tlp, dl, temp, mask, min_p=0.0) -> np.ndarray:
     beta = np.zeros(mask.shape)
     for b, l in np.ndindex(mask.shape):
         if mask[b, l] == 0:
             continue
         # The module's convention: exact sub-normalised teacher at T=1, renormalised over V else.
         p = np.exp(tlp[b, l]) if temp == 1.0 else np.exp(ref_log_softmax(tlp[b, l] / temp))
+        if min_p > 0:  # the sampler's filter: tokens below min_p x the top dropped, the rest renormalised
+            p = np.where(p >= min_p * p.max(), p, 0.0)
+            p = p / p.sum()
         q = np.exp(ref_log_softmax(dl[b, l] / temp))
         beta[b, l] = sum(min(pv, qv) for pv, qv in zip(p, q))
     return beta
 
 
-def ref_wtv(tlp, dl, temp, k, mask) -> float:
-    beta = ref_wtv_accept(tlp, dl, temp, mask)
+def ref_wtv(tlp, dl, temp, k, mask, min_p=0.0) -> float:
+    beta = ref_wtv_accept(tlp, dl, temp, mask, min_p)
     return -ref_masked_mean(ref_window(beta, k, mask), mask) / k
 
 
@@ -209,6 +212,62 @@ def test_wtv_value_and_gradient(inputs, temp):
     np.testing.assert_allclose(float(value), ref_wtv(tlp, draft, temp, K, mask), **VALUE_TOL)
     expected = fd_grad(lambda x: ref_wtv(tlp, x, temp, K, mask), draft)
     np.testing.assert_allclose(to_np(grad), expected, **GRAD_TOL)
+
+
+@pytest.mark.parametrize("temp, min_p", [(1.0, 0.1), (1.0, 0.5), (0.7, 0.2)])
+def test_wtv_with_a_min_p_teacher_value_and_gradient(inputs, temp, min_p):
+    """At a min-p the teacher is filtered as the sampler filters p; q stays whole."""
+    tlp, draft, _, mask = inputs
+    t, d, _, m = mlx_inputs(*inputs)
+    value, grad = mx.value_and_grad(lambda x: losses.wtv_loss(t, x, temp, K, m, min_p))(d)
+    np.testing.assert_allclose(float(value), ref_wtv(tlp, draft, temp, K, mask, min_p), **VALUE_TOL)
+    expected = fd_grad(lambda x: ref_wtv(tlp, x, temp, K, mask, min_p), draft)
+    np.testing.assert_allclose(to_np(grad), expected, **GRAD_TOL)
+    assert float(value) != pytest.approx(ref_wtv(tlp, draft, temp, K, mask), abs=1e-4)  # the filter changes it
+
+
+def test_min_p_filter_keeps_what_the_sampler_keeps():
+    """``min_p_filtered`` keeps exactly the tokens ``core.sampling``'s min-p keeps at T = 1, in
+    the same proportions."""
+    from mlxspec.core.sampling import SamplingParams, logprobs
+
+    rng = np.random.default_rng(5)
+    logits = mx.array(rng.normal(scale=2.0, size=(6, 40)).astype(np.float32))
+    for min_p in (0.05, 0.1, 0.3):
+        ours = to_np(losses.min_p_filtered(mx.softmax(logits, axis=-1), min_p))
+        sampler = to_np(mx.exp(logprobs(logits, SamplingParams(1.0, min_p=min_p))))
+        np.testing.assert_allclose(ours, sampler, rtol=1e-5, atol=1e-7)
+        assert (ours == 0).any() and np.allclose(ours.sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_array_equal(to_np(losses.min_p_filtered(logits, 0.0)), to_np(logits))
+
+
+def test_fits_marks_where_the_teachers_token_is_in_the_drafts_top():
+    logits = mx.array([[[3.0, 1.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 5.0]]])
+    targets = mx.array([[2, 0, -1]])  # ranks 2 and 4; the last is outside V
+    assert to_np(losses.fits(logits, targets, 1)).tolist() == [[False, False, False]]
+    assert to_np(losses.fits(logits, targets, 2)).tolist() == [[True, False, False]]
+    assert to_np(losses.fits(logits, targets, 4)).tolist() == [[True, True, False]]
+
+
+def test_where_fit_keeps_the_value_and_drops_the_gradient_where_it_cannot_fit(inputs):
+    """GRIFFIN's mask: the value is unchanged; a position the draft cannot fit sends no gradient
+    to its logits (each position's acceptance reads its own row only), the others send theirs."""
+    tlp, draft, targets, mask = inputs
+    t, d, tg, m = mlx_inputs(*inputs)
+
+    def loss(x, top):
+        a = losses.wtv_acceptance(t, x, 1.0, m)
+        if top:
+            a = losses.where_fit(a, losses.fits(x, tg, top))
+        return -(a * m).sum()
+
+    fit = np.array(losses.fits(d, tg, 2))
+    assert fit.any() and (~fit & (mask > 0)).any()  # the fixture has both kinds of position
+    whole, masked = (mx.value_and_grad(lambda x: loss(x, top))(d) for top in (0, 2))
+    assert float(whole[0]) == pytest.approx(float(masked[0]), rel=1e-6)
+    g_whole, g_masked = to_np(whole[1]), to_np(masked[1])
+    assert np.all(g_masked[~fit] == 0.0) and np.abs(g_whole[~fit & (mask > 0)]).max() > 0
+    np.testing.assert_allclose(g_masked[fit], g_whole[fit], rtol=1e-6, atol=1e-9)
 
 
 def test_acceptance_helpers_match_reference(inputs):

@@ -52,6 +52,12 @@ def test_the_options_record_has_one_field_per_flag_and_spells_the_recipe():
         "mlxspec train-draft --arch eagle3 --loss eal --window 3 --temp 1 --steps 2000 --batch 8 --context 160 "
         "--lr 0.0003 --head-vocab 8192 --examples-per-category 300 --aux-layers 2,15,27,30 --zero-layers 30 "
         "--backend torch --seed 0 --out h")
+    chat = TrainOptions(out=Path("c"), arch="eagle", window=3, min_p=0.1, fit_top=3, backend="torch").checked()
+    assert "--temp 1 --min-p 0.1 --fit-top 3 --steps 400" in recipe(chat)  # spelled only where they shape the loss
+    with pytest.raises(MlxspecError, match="--min-p"):
+        TrainOptions(out=Path("c"), min_p=0.1).checked()  # --arch draft's loss is not shaped so
+    with pytest.raises(MlxspecError, match="--fit-top"):
+        TrainOptions(out=Path("c"), fit_top=3).checked()
     quick = TrainOptions(out=Path("d"), quick=True, grpo=True).checked()  # --quick spelled out
     assert recipe(quick) == (
         "mlxspec train-draft --loss wtv --grpo --grpo-steps 4 --grpo-group 4 --layers 1 --head-vocab 1024 --init target "

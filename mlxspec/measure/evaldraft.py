@@ -57,10 +57,12 @@ class EvalResult:
     max_tokens: int
     note: str | None
     results: list[EvalRow]
+    min_p: float = 0.0  # the filter every T > 0 row sampled through
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "header": self.header.to_json(), "draft": self.draft, "prompts": list(self.prompts),
-                "max_tokens": self.max_tokens, "note": self.note, "results": [asdict(r) for r in self.results]}
+                "max_tokens": self.max_tokens, "note": self.note, "min_p": self.min_p,
+                "results": [asdict(r) for r in self.results]}
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,13 @@ class EvalOptions:
     categories: Sequence[str] | None = None
     seed: int = 0
     dtype: str = "auto"
+    min_p: float = 0.0  # at T > 0, as the chat samples (-t 1 --min-p 0.1); q is drawn through it too
 
 
 def _row(lm: Any, drafter: Any, ids: list[list[int]], stop: set[int], temp: float, k: int, o: EvalOptions,
          done: Callable[[str], None]) -> EvalRow:
     """One (temperature, K) over every prompt."""
-    params = SamplingParams(temp)
+    params = SamplingParams(temp, min_p=o.min_p if temp > 0 else 0.0)
     runs = []
     for i, p in enumerate(ids):
         runs.append(engine_run(lm, p, params, o.max_tokens, stop, o.seed + i, drafter, k))
@@ -100,6 +103,7 @@ def eval_draft(options: EvalOptions, progress: Callable[[int, int, str], None] |
         parse_k(k)
     if not o.ks or not o.temps:
         raise MlxspecError("eval-draft needs at least one K and one temperature")
+    SamplingParams(1.0, min_p=o.min_p)  # a bad --min-p is refused before the model loads
     items, note = spec_bench_prompts(list(o.categories) if o.categories else None, o.per_category)
     lm, drafter, stop, ids = prepare_speculative_run(
         o.model, o.draft, o.dtype, items, o.max_tokens, no_drafter="eval-draft needs a drafter, got 'none'")
@@ -112,7 +116,7 @@ def eval_draft(options: EvalOptions, progress: Callable[[int, int, str], None] |
             progress(count, total, label)
 
     results = [_row(lm, drafter, ids, stop, temp, k, o, done) for temp in o.temps for k in o.ks]
-    return EvalResult(run_header(lm), o.draft, [it["id"] for it in items], o.max_tokens, note, results)
+    return EvalResult(run_header(lm), o.draft, [it["id"] for it in items], o.max_tokens, note, results, o.min_p)
 
 
 def tau_at(result: EvalResult, temp: float, k: int) -> float | None:
@@ -120,7 +124,8 @@ def tau_at(result: EvalResult, temp: float, k: int) -> float | None:
 
 
 def print_eval(result: EvalResult, console) -> None:
-    table = Table(title=f"draft {result.draft}: acceptance on {len(result.prompts)} held-out prompts")
+    filtered = f", min-p {result.min_p:g} at T > 0" if result.min_p else ""
+    table = Table(title=f"draft {result.draft}: acceptance on {len(result.prompts)} held-out prompts{filtered}")
     for col in ("T", "K", "tau", "acceptance by position", "draft ms/step", "verify ms/step", "tok/s"):
         table.add_column(col, justify="right")
     for r in result.results:

@@ -53,6 +53,8 @@ class EagleTrainConfig:
     loss: str = "eal"
     k: int = 4  # unrolled draft steps, and the chain whose acceptance eal/wtv optimise
     temp: float = 1.0
+    min_p: float = 0.0  # wtv: the teacher filtered as the chat samples (losses.min_p_filtered)
+    fit_top: int = 0  # > 0: acceptance trained only where the teacher's token is in the head's top (losses.fits)
     steps: int = 300
     batch: int = 8
     context: int = 192  # slots per training window
@@ -71,6 +73,10 @@ class EagleTrainConfig:
             raise MlxspecError(f"the unrolled window K must be in 1..8, got {self.k}")
         if self.temp <= 0 or self.steps < 1 or self.batch < 1 or self.context < 8:
             raise MlxspecError("--temp must be > 0, --steps and --batch >= 1, the context >= 8")
+        if not 0.0 <= self.min_p < 1.0 or (self.min_p and self.loss != "wtv"):
+            raise MlxspecError(f"--min-p filters wtv's teacher and must be in [0, 1), got {self.min_p:g} with --loss {self.loss}")
+        if self.fit_top < 0 or (self.fit_top and self.loss == "kl"):
+            raise MlxspecError(f"--fit-top masks eal's or wtv's acceptance and must be >= 0, got {self.fit_top} with --loss {self.loss}")
 
 
 @dataclass
@@ -192,7 +198,9 @@ def objectives(head: EagleHead, batch: dict[str, mx.array], cfg: EagleTrainConfi
             feat_losses.append((huber * mask).sum() / mx.maximum(mask.sum(), 1.0))
         else:
             feat_losses.append(mx.zeros(()))
-        a = L.eal_acceptance(z, cols, mask) if cfg.loss == "eal" else L.wtv_acceptance(teacher, z, cfg.temp, mask)
+        a = L.eal_acceptance(z, cols, mask) if cfg.loss == "eal" else L.wtv_acceptance(teacher, z, cfg.temp, mask, cfg.min_p)
+        if cfg.fit_top:
+            a = L.where_fit(a, L.fits(z, cols, cfg.fit_top))
         accepts.append(mx.zeros((B * length,), a.dtype).at[rows].add(a[0]).reshape(B, length))
     kl, feat = sum(kls) / len(kls), sum(feat_losses) / cfg.k
     count = mx.maximum(batch["mask"].sum(), 1.0)

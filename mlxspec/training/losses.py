@@ -18,6 +18,10 @@ Definitions (teacher-forced along the target's own continuation):
   of the teacher's argmax token. Smooth stand-in for ``1[argmax q_i = y*_i]``.
 * WTV (sampling verification at temperature T): ``a_i = beta_i = sum_v min(p_i^T, q_i^T)``
   ``= 1 - TV(p_i^T, q_i^T)``, the acceptance probability of rejection sampling.
+* WTV at a min-p > 0 (the chat samples at T = 1, min-p 0.1): p_i^T keeps only the tokens of at
+  least ``min_p`` times its largest, renormalised, as the engine's target samples; q is left
+  whole, so every column still gets a gradient. The engine filters q alike, so what its drafts
+  keep differs from this overlap only through q's dropped tail (mass moved onto q's larger tokens).
 * Both losses are ``-(1/k) * mean over trained starts of E_s``, in [-1, 0].
 * GRPO: rewards are simulated accepted lengths of sampled drafts; a PPO-style clipped surrogate
   over the positions up to the first rejection, plus a KL penalty to the starting draft.
@@ -138,34 +142,61 @@ def eal_acceptance(
     return mx.where(in_vocab, mx.exp(log_a), 0.0)
 
 
-def _tempered_teacher_probs(teacher_logp: mx.array, temp: float) -> mx.array:
-    """p^T over V for the WTV overlap: exact (sub-normalised) at T=1, renormalised over V else."""
-    if temp == 1.0:
-        return mx.exp(teacher_logp)
-    return mx.exp(temperature_logprobs(teacher_logp, temp))
+def _tempered_teacher_probs(teacher_logp: mx.array, temp: float, min_p: float = 0.0) -> mx.array:
+    """p^T over V for the WTV overlap: exact (sub-normalised) at T=1, renormalised over V else;
+    at ``min_p`` > 0 filtered as ``min_p_filtered``."""
+    p = mx.exp(teacher_logp) if temp == 1.0 else mx.exp(temperature_logprobs(teacher_logp, temp))
+    return min_p_filtered(p, min_p)
+
+
+def min_p_filtered(p: mx.array, min_p: float) -> mx.array:
+    """p (..., V) with the tokens below ``min_p`` times the row's largest set to 0 and the rest
+    renormalised over V (a filtered token outside the head's columns is not seen: the kept ones
+    are then slightly over-weighted); p itself when ``min_p`` is 0."""
+    if min_p <= 0.0:
+        return p
+    kept = mx.where(p >= min_p * p.max(axis=-1, keepdims=True), p, 0.0)
+    return kept / mx.maximum(kept.sum(axis=-1, keepdims=True), 1e-30)
 
 
 def wtv_loss(
-    teacher_logp: mx.array, draft_logits: mx.array, temp: float, k: int, mask: mx.array
+    teacher_logp: mx.array, draft_logits: mx.array, temp: float, k: int, mask: mx.array, min_p: float = 0.0
 ) -> mx.array:
     """Sampling expected-accepted-length loss with beta_i = sum_v min(p_i^T, q_i^T).
 
     p^T: at temp == 1 the sub-normalised teacher itself, exp(teacher_logp) (exact: its missing
     tail is where q = 0, so min(p, q) is unaffected); at temp != 1 softmax over V of
-    teacher_logp / temp (the unknown tail is dropped). q^T = softmax(draft_logits / temp).
+    teacher_logp / temp (the unknown tail is dropped); filtered at ``min_p`` > 0.
+    q^T = softmax(draft_logits / temp).
     Loss = -(1/k) * mean over masked starts of the window expected length of beta.
     """
-    lengths = _window_from_accept(wtv_acceptance(teacher_logp, draft_logits, temp, mask), k, mask)
+    lengths = _window_from_accept(wtv_acceptance(teacher_logp, draft_logits, temp, mask, min_p), k, mask)
     return -_masked_mean(lengths, mask) / k
 
 
 def wtv_acceptance(
-    teacher_logp: mx.array, draft_logits: mx.array, temp: float, mask: mx.array
+    teacher_logp: mx.array, draft_logits: mx.array, temp: float, mask: mx.array, min_p: float = 0.0
 ) -> mx.array:
     """(B, L) beta_i = sum_v min(p_i^T, q_i^T) as in ``wtv_loss``; 0 where mask == 0."""
-    p = _tempered_teacher_probs(_sanitise_rows(mx.stop_gradient(teacher_logp), mask), temp)
+    p = _tempered_teacher_probs(_sanitise_rows(mx.stop_gradient(teacher_logp), mask), temp, min_p)
     q = mx.exp(temperature_logprobs(_sanitise_rows(draft_logits, mask), temp))
     return mx.where(mask > 0, mx.minimum(p, q).sum(axis=-1), 0.0)
+
+
+def fits(draft_logits: mx.array, target_ids: mx.array, top: int) -> mx.array:
+    """(B, L) bool: the teacher's argmax (a column of V, -1 outside it) is among the draft's
+    ``top`` largest logits. GRIFFIN (arXiv 2502.11018) trains a small draft only where this
+    holds: elsewhere the draft cannot fit the token, and chasing it spends capacity."""
+    z = mx.stop_gradient(_float(draft_logits))
+    kth = mx.topk(z, top, axis=-1).min(axis=-1, keepdims=True)
+    at_target = mx.take_along_axis(z, mx.maximum(target_ids, 0).astype(mx.int32)[..., None], axis=-1)
+    return (target_ids >= 0) & (at_target >= kth)[..., 0]
+
+
+def where_fit(accept: mx.array, fit: mx.array) -> mx.array:
+    """``accept`` with no gradient at the positions that do not ``fit``: the loss's value is
+    unchanged, its gradient comes from the positions the draft can fit."""
+    return mx.where(fit, accept, mx.stop_gradient(accept))
 
 
 def blended_loss(kl: mx.array, other: mx.array, lam: float) -> mx.array:

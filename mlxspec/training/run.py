@@ -58,6 +58,8 @@ class TrainOptions:
     head_vocab: int = 8192
     window: int = 5
     temp: float = 1.0
+    min_p: float = 0.0  # --arch eagle, eagle3 with --loss wtv
+    fit_top: int = 0  # --arch eagle, eagle3 with --loss eal or wtv
     steps: int = 400
     batch: int = 8
     lr: float | None = None  # None: DEFAULT_LR
@@ -109,6 +111,8 @@ class TrainOptions:
         aux, zero = o.taps()
         if zero and not set(zero) <= set(aux or ()):
             raise MlxspecError(f"--zero-layers {o.zero_layers}: each must be one of --aux-layers (given explicitly)")
+        if (o.min_p or o.fit_top) and o.arch == "draft":
+            raise MlxspecError("--min-p and --fit-top shape an --arch eagle or eagle3 head's loss")
         if o.arch == "eagle3":  # no feature regression: its output is in its own space
             o = replace(o, feature_weight=0.0)
         if o.arch in ("eagle", "eagle3"):
@@ -135,7 +139,8 @@ class TrainOptions:
                               checkpoint_every=self.checkpoint_every)
 
     def eagle_train_config(self) -> et.EagleTrainConfig:
-        return et.EagleTrainConfig(loss=self.loss, k=self.window, temp=self.temp, steps=self.steps, batch=self.batch,
+        return et.EagleTrainConfig(loss=self.loss, k=self.window, temp=self.temp, min_p=self.min_p,
+                                   fit_top=self.fit_top, steps=self.steps, batch=self.batch,
                                    context=self.context, lr=self.lr, feature_weight=self.feature_weight,
                                    seed=self.seed, checkpoint_every=self.checkpoint_every)
 
@@ -148,11 +153,11 @@ RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
               ("grpo_group", "grpo"), ("layers", ALWAYS), ("head_vocab", ALWAYS), ("init", ALWAYS),
               ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS), ("batch", ALWAYS), ("lr", ALWAYS),
               ("prompts", ALWAYS), ("max_new_tokens", ALWAYS), ("seed", ALWAYS), ("out", ALWAYS)),
-    "eagle": (("arch", CHANGED), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS),
+    "eagle": (("arch", CHANGED), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("min_p", CHANGED), ("fit_top", CHANGED), ("steps", ALWAYS),
               ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("feature_weight", ALWAYS),
               ("head_vocab", ALWAYS), ("examples_per_category", ALWAYS), ("max_examples", CHANGED),
               ("target_written", CHANGED), ("backend", CHANGED), ("seed", ALWAYS), ("out", ALWAYS)),
-    "eagle3": (("arch", ALWAYS), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS),
+    "eagle3": (("arch", ALWAYS), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("min_p", CHANGED), ("fit_top", CHANGED), ("steps", ALWAYS),
                ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("head_vocab", ALWAYS),
                ("examples_per_category", ALWAYS), ("max_examples", CHANGED), ("target_written", CHANGED),
                ("aux_layers", CHANGED), ("zero_layers", CHANGED), ("share_embeddings", CHANGED), ("backend", CHANGED),

@@ -79,13 +79,22 @@ class Teacher:
     """The teacher's distribution over the head's columns at the training temperature, with
     what each loss needs of it, computed once per batch."""
 
-    def __init__(self, logits: torch.Tensor, temp: float):
+    def __init__(self, logits: torch.Tensor, temp: float, min_p: float = 0.0):
         self.log_p = _logprobs(logits.detach(), temp)
         self.p = self.log_p.exp()
         self.neg_entropy = (self.p * self.log_p).sum(-1)
         # At T = 1 the target's own probabilities, mass outside the head's columns left out (as
-        # ``training.losses.wtv_acceptance``); at other temperatures p^T over the columns.
-        self.p_accept = logits.detach().exp() if temp == 1.0 else self.p
+        # ``training.losses.wtv_acceptance``); at other temperatures p^T over the columns; at a
+        # min-p, only the tokens the chat's sampler keeps, renormalised.
+        self.p_accept = min_p_filtered(logits.detach().exp() if temp == 1.0 else self.p, min_p)
+
+
+def min_p_filtered(p: torch.Tensor, min_p: float) -> torch.Tensor:
+    """``training.losses.min_p_filtered``."""
+    if min_p <= 0.0:
+        return p
+    kept = torch.where(p >= min_p * p.amax(-1, keepdim=True), p, 0.0)
+    return kept / kept.sum(-1, keepdim=True).clamp(min=1e-30)
 
 
 def kl_rows(teacher: Teacher, log_q: torch.Tensor) -> torch.Tensor:
@@ -103,6 +112,14 @@ def eal_acceptance(log_q1: torch.Tensor, cols: torch.Tensor, mask: torch.Tensor)
 def wtv_acceptance(teacher: Teacher, log_q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sum min(p^T, q^T) per row."""
     return torch.where(mask > 0, torch.minimum(teacher.p_accept, log_q.exp()).sum(-1), 0.0)
+
+
+def where_fit(a: torch.Tensor, z: torch.Tensor, cols: torch.Tensor, top: int) -> torch.Tensor:
+    """``training.losses.where_fit(a, fits(z, cols, top))``."""
+    z = z.detach()
+    kth = z.topk(top, -1).values[..., -1]
+    fit = (cols >= 0) & (z.gather(-1, cols.clamp(min=0).long()[..., None])[..., 0] >= kth)
+    return torch.where(fit, a, a.detach())
 
 
 def chain_expected_length(accepts: list[torch.Tensor]) -> torch.Tensor:
@@ -125,7 +142,7 @@ def objectives(head: EagleHead | Eagle3Head, batch: dict[str, torch.Tensor], cfg
         return x.reshape(B * length, *x.shape[2:])[rows][None]
 
     target = flat(batch["next_features"])
-    teacher = Teacher(target @ batch["teacher_rows"].T - flat(batch["lse"])[..., None], cfg.temp)
+    teacher = Teacher(target @ batch["teacher_rows"].T - flat(batch["lse"])[..., None], cfg.temp, cfg.min_p)
     cols = flat(batch["cols"])
     kls, feat_losses, accepts = [], [], []
     regress = not isinstance(head, Eagle3Head)  # an EAGLE-3 head's output is in its own space
@@ -147,6 +164,8 @@ def objectives(head: EagleHead | Eagle3Head, batch: dict[str, torch.Tensor], cfg
             a = eal_acceptance(log_q if cfg.temp == 1.0 else _logprobs(z, 1.0), cols, mask)
         else:
             a = wtv_acceptance(teacher, log_q, mask)
+        if cfg.fit_top:
+            a = where_fit(a, z, cols, cfg.fit_top)
         accepts.append(a.new_zeros(B * length).index_add(0, rows, a[0]).reshape(B, length))
     kl, feat = sum(kls) / len(kls), sum(feat_losses) / cfg.k
     count = batch["mask"].sum().clamp(min=1.0)
