@@ -226,19 +226,22 @@ def test_wtv_with_a_min_p_teacher_value_and_gradient(inputs, temp, min_p):
     assert float(value) != pytest.approx(ref_wtv(tlp, draft, temp, K, mask), abs=1e-4)  # the filter changes it
 
 
-def test_min_p_filter_keeps_what_the_sampler_keeps():
-    """``min_p_filtered`` keeps exactly the tokens ``core.sampling``'s min-p keeps at T = 1, in
-    the same proportions."""
-    from mlxspec.core.sampling import SamplingParams, logprobs
+def test_a_min_p_teacher_is_what_the_sampler_draws_from():
+    """At a min-p, wtv's teacher is ``core.sampling``'s distribution over the same logits (kept
+    tokens and proportions, renormalised): a draft that is exactly that distribution overlaps it
+    fully, at T = 1 and at another temperature; the whole teacher it overlaps only in part."""
+    from mlxspec.core.sampling import SamplingParams, probs
 
     rng = np.random.default_rng(5)
-    logits = mx.array(rng.normal(scale=2.0, size=(6, 40)).astype(np.float32))
-    for min_p in (0.05, 0.1, 0.3):
-        ours = to_np(losses.min_p_filtered(mx.softmax(logits, axis=-1), min_p))
-        sampler = to_np(mx.exp(logprobs(logits, SamplingParams(1.0, min_p=min_p))))
-        np.testing.assert_allclose(ours, sampler, rtol=1e-5, atol=1e-7)
-        assert (ours == 0).any() and np.allclose(ours.sum(-1), 1.0, atol=1e-6)
-    np.testing.assert_array_equal(to_np(losses.min_p_filtered(logits, 0.0)), to_np(logits))
+    logits = rng.normal(scale=2.0, size=(1, 6, 40)).astype(np.float32)
+    teacher = mx.array(logits - np.log(np.exp(logits).sum(-1, keepdims=True)) - 0.05)  # sub-normalised, as stored
+    mask = mx.ones((1, 6))
+    for temp, min_p in ((1.0, 0.05), (1.0, 0.1), (0.7, 0.3)):
+        sampler = probs(teacher, SamplingParams(temp, min_p=min_p))
+        assert (to_np(sampler) == 0).any()  # the filter drops tokens here
+        draft = temp * mx.log(mx.maximum(sampler, 1e-30))  # q^T = the sampler's distribution
+        np.testing.assert_allclose(to_np(losses.wtv_acceptance(teacher, draft, temp, mask, min_p)), 1.0, atol=1e-5)
+        assert to_np(losses.wtv_acceptance(teacher, draft, temp, mask)).max() < 1.0 - 1e-3
 
 
 def test_fits_marks_where_the_teachers_token_is_in_the_drafts_top():

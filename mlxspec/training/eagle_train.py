@@ -53,7 +53,7 @@ class EagleTrainConfig:
     loss: str = "eal"
     k: int = 4  # unrolled draft steps, and the chain whose acceptance eal/wtv optimise
     temp: float = 1.0
-    min_p: float = 0.0  # wtv: the teacher filtered as the chat samples (losses.min_p_filtered)
+    min_p: float = 0.0  # wtv: the teacher filtered as the chat samples (core.sampling.probs)
     fit_top: int = 0  # > 0: acceptance trained only where the teacher's token is in the head's top (losses.fits)
     steps: int = 300
     batch: int = 8

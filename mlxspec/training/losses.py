@@ -44,6 +44,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from mlxspec.core import sampling
+from mlxspec.core.sampling import SamplingParams
+
 
 def _float(x: mx.array) -> mx.array:
     # Half-precision softmaxes lose too much for a loss; float32 and float64 are kept.
@@ -144,19 +147,13 @@ def eal_acceptance(
 
 def _tempered_teacher_probs(teacher_logp: mx.array, temp: float, min_p: float = 0.0) -> mx.array:
     """p^T over V for the WTV overlap: exact (sub-normalised) at T=1, renormalised over V else;
-    at ``min_p`` > 0 filtered as ``min_p_filtered``."""
-    p = mx.exp(teacher_logp) if temp == 1.0 else mx.exp(temperature_logprobs(teacher_logp, temp))
-    return min_p_filtered(p, min_p)
-
-
-def min_p_filtered(p: mx.array, min_p: float) -> mx.array:
-    """p (..., V) with the tokens below ``min_p`` times the row's largest set to 0 and the rest
-    renormalised over V (a filtered token outside the head's columns is not seen: the kept ones
-    are then slightly over-weighted); p itself when ``min_p`` is 0."""
-    if min_p <= 0.0:
-        return p
-    kept = mx.where(p >= min_p * p.max(axis=-1, keepdims=True), p, 0.0)
-    return kept / mx.maximum(kept.sum(axis=-1, keepdims=True), 1e-30)
+    at ``min_p`` > 0 what the chat's sampler draws from (``core.sampling.probs``), over V: a
+    kept token outside the head's columns is not seen, so the kept ones are slightly over-weighted."""
+    if min_p > 0.0:
+        return sampling.probs(teacher_logp, SamplingParams(temp, min_p=min_p))
+    if temp == 1.0:
+        return mx.exp(teacher_logp)
+    return mx.exp(temperature_logprobs(teacher_logp, temp))
 
 
 def wtv_loss(

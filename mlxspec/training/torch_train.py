@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from mlxspec.core.drafters.eagle3 import Eagle3Head as MlxEagle3Head
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.torchpath import sampling
 from mlxspec.torchpath.model import Eagle3Head, EagleHead, Llama
 from mlxspec.training.eagle_train import EagleTrainConfig
 from mlxspec.training.train import warmup_cosine
@@ -86,15 +88,8 @@ class Teacher:
         # At T = 1 the target's own probabilities, mass outside the head's columns left out (as
         # ``training.losses.wtv_acceptance``); at other temperatures p^T over the columns; at a
         # min-p, only the tokens the chat's sampler keeps, renormalised.
-        self.p_accept = min_p_filtered(logits.detach().exp() if temp == 1.0 else self.p, min_p)
-
-
-def min_p_filtered(p: torch.Tensor, min_p: float) -> torch.Tensor:
-    """``training.losses.min_p_filtered``."""
-    if min_p <= 0.0:
-        return p
-    kept = torch.where(p >= min_p * p.amax(-1, keepdim=True), p, 0.0)
-    return kept / kept.sum(-1, keepdim=True).clamp(min=1e-30)
+        self.p_accept = (sampling.probs(logits.detach(), SamplingParams(temp, min_p=min_p)) if min_p > 0
+                         else logits.detach().exp() if temp == 1.0 else self.p)
 
 
 def kl_rows(teacher: Teacher, log_q: torch.Tensor) -> torch.Tensor:
