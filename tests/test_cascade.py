@@ -169,10 +169,10 @@ def test_lookup_drafts_where_it_matches_and_the_head_elsewhere(target):
     d = CascadeDrafter([NgramDrafter(2), EagleDrafter(random_head(target), "eagle")])
     prompt = [5, 6, 7, 8, 5, 6]  # [5, 6] occurred before: lookup proposes what followed it
     d.reset(prompt, features(target, prompt[:-1]))
-    assert d.upcoming() == 0
+    assert d.upcoming_source() == 0
     assert d.propose(prompt, 3, GREEDY, mx.random.key(0)).tokens.tolist() == [7, 8, 5]
     d.commit(Commit([7, 8, 5], 0, 9, features(target, prompt)[-1:]))
-    assert d.history == prompt + [9] and d.upcoming() == 1  # [6, 9] never occurred
+    assert d.history == prompt + [9] and d.upcoming_source() == 1  # [6, 9] never occurred
     assert d.propose(d.history, 2, GREEDY, mx.random.key(0)).tokens.size == 2 and d.used == 1
 
 

@@ -41,7 +41,7 @@ def test_the_options_record_has_one_field_per_flag_and_spells_the_recipe():
         "mlxspec train-draft --loss eal --layers 2 --head-vocab 8192 --init target --window 5 --temp 1 --steps 450 "
         "--batch 8 --lr 0.0003 --prompts 320 --max-new-tokens 96 --seed 0 --out mlxspec/models/smollm2-135m-draft")
     eagle = TrainOptions(out=models / "smollm2-135m-eagle", arch="eagle", loss="eal", window=3, steps=2000,
-                         context=160, target_written=3300, backend="torch").checked()
+                         context=160, target_written=3300, backend="torch", lr=3e-4).checked()
     assert recipe(eagle) == (
         "mlxspec train-draft --arch eagle --loss eal --window 3 --temp 1 --steps 2000 --batch 8 --context 160 "
         "--lr 0.0003 --feature-weight 0.5 --head-vocab 8192 --examples-per-category 300 --target-written 3300 "
@@ -53,7 +53,8 @@ def test_the_options_record_has_one_field_per_flag_and_spells_the_recipe():
         "--lr 0.0003 --head-vocab 8192 --examples-per-category 300 --aux-layers 2,15,27,30 --zero-layers 30 "
         "--backend torch --seed 0 --out h")
     chat = TrainOptions(out=Path("c"), arch="eagle", window=3, min_p=0.1, fit_top=3, backend="torch").checked()
-    assert "--temp 1 --min-p 0.1 --fit-top 3 --steps 400" in recipe(chat)  # spelled only where they shape the loss
+    assert "--temp 1 --min-p 0.1 --fit-top 3 --steps 400" in recipe(chat)
+    assert "--lr 0.0006" in recipe(chat)  # each arch's own default, spelled in the recipe  # spelled only where they shape the loss
     with pytest.raises(MlxspecError, match="--min-p"):
         TrainOptions(out=Path("c"), min_p=0.1).checked()  # --arch draft's loss is not shaped so
     with pytest.raises(MlxspecError, match="--fit-top"):
@@ -64,7 +65,7 @@ def test_the_options_record_has_one_field_per_flag_and_spells_the_recipe():
         "--window 5 --temp 1 --steps 40 --batch 4 --lr 0.0003 --prompts 12 --max-new-tokens 24 --seed 0 --out d")
     quick = TrainOptions(out=Path("e"), arch="eagle", quick=True).checked()
     assert recipe(quick) == (
-        "mlxspec train-draft --arch eagle --loss wtv --window 3 --temp 1 --steps 30 --batch 4 --context 64 --lr 0.0003 "
+        "mlxspec train-draft --arch eagle --loss wtv --window 3 --temp 1 --steps 30 --batch 4 --context 64 --lr 0.0006 "
         "--feature-weight 0.5 --head-vocab 1024 --examples-per-category 2 --max-examples 22 --seed 0 --out e")
 
 

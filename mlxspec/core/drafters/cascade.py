@@ -69,9 +69,6 @@ class CascadeDrafter:
         """Its kinds of draft (``base.sources``) are its parts."""
         return tuple(p.name for p in self.parts)
 
-    def upcoming_source(self) -> int:
-        return self.upcoming()
-
     @property
     def used_source(self) -> int:
         return self.used
@@ -81,7 +78,7 @@ class CascadeDrafter:
         """The name of the part that drafted the last proposal (``Step.drafter``)."""
         return self.parts[self.used].name
 
-    def upcoming(self) -> int:
+    def upcoming_source(self) -> int:
         """The part that will draft after the committed text (asked once until the next commit)."""
         if self._upcoming is None:
             self._upcoming = self._first_offering(self.history)
@@ -94,7 +91,7 @@ class CascadeDrafter:
         """The part for ``history``: the cached choice when it is the committed text, else asked
         afresh (a caller that skipped ``reset`` or ``commit``)."""
         same = len(history) == len(self.history) and history[-1:] == self.history[-1:]
-        self.used = self.upcoming() if same else self._first_offering(history)
+        self.used = self.upcoming_source() if same else self._first_offering(history)
         return self.parts[self.used]
 
     def propose(self, history: list[int], k: int, params: SamplingParams, key: Any) -> Proposal:
