@@ -98,7 +98,9 @@ class TrainOptions:
     def checked(self) -> TrainOptions:
         """The options a run uses: the flags that do not apply refused, ``--quick``'s CI-sized
         settings in place of the ones they stand for, the learning rate's default filled in."""
-        o = replace(self, lr=self.lr or DEFAULT_LR.get(self.arch, DEFAULT_LR["draft"]))
+        if self.arch not in ARCHS:
+            raise MlxspecError(f"unknown --arch {self.arch!r}; choose {', '.join(ARCHS)}")
+        o = replace(self, lr=self.lr or DEFAULT_LR[self.arch])
         if o.arch != "eagle3" and (o.aux_layers is not None or o.zero_layers is not None):
             raise MlxspecError("--aux-layers and --zero-layers choose the target layers an --arch eagle3 head reads")
         if o.arch != "eagle3" and o.share_embeddings:
@@ -122,8 +124,6 @@ class TrainOptions:
                 o = replace(o, examples_per_category=2, max_examples=22, head_vocab=1024, steps=30, batch=4,
                             context=64, checkpoint_every=15, window=3)
             return o
-        if o.arch != "draft":
-            raise MlxspecError(f"unknown --arch {o.arch!r}; choose {', '.join(ARCHS)}")
         if o.backend != "mlx" or o.device is not None:
             raise MlxspecError("--backend and --device choose where an eagle head is built and trained; "
                                "--arch draft trains and distils on MLX")
@@ -155,15 +155,17 @@ RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
               ("grpo_group", "grpo"), ("layers", ALWAYS), ("head_vocab", ALWAYS), ("init", ALWAYS),
               ("window", ALWAYS), ("temp", ALWAYS), ("steps", ALWAYS), ("batch", ALWAYS), ("lr", ALWAYS),
               ("prompts", ALWAYS), ("max_new_tokens", ALWAYS), ("seed", ALWAYS), ("out", ALWAYS)),
-    "eagle": (("arch", CHANGED), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("min_p", CHANGED), ("fit_top", CHANGED), ("steps", ALWAYS),
-              ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("feature_weight", ALWAYS),
-              ("head_vocab", ALWAYS), ("examples_per_category", ALWAYS), ("max_examples", CHANGED),
-              ("target_written", CHANGED), ("backend", CHANGED), ("seed", ALWAYS), ("out", ALWAYS)),
-    "eagle3": (("arch", ALWAYS), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("min_p", CHANGED), ("fit_top", CHANGED), ("steps", ALWAYS),
-               ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS), ("head_vocab", ALWAYS),
-               ("examples_per_category", ALWAYS), ("max_examples", CHANGED), ("target_written", CHANGED),
-               ("aux_layers", CHANGED), ("zero_layers", CHANGED), ("share_embeddings", CHANGED), ("backend", CHANGED),
-               ("format", CHANGED), ("verifier", CHANGED), ("seed", ALWAYS), ("out", ALWAYS)),
+    "eagle": (("arch", CHANGED), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("min_p", CHANGED),
+              ("fit_top", CHANGED), ("steps", ALWAYS), ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS),
+              ("feature_weight", ALWAYS), ("head_vocab", ALWAYS), ("examples_per_category", ALWAYS),
+              ("max_examples", CHANGED), ("target_written", CHANGED), ("backend", CHANGED), ("seed", ALWAYS),
+              ("out", ALWAYS)),
+    "eagle3": (("arch", ALWAYS), ("loss", ALWAYS), ("window", ALWAYS), ("temp", ALWAYS), ("min_p", CHANGED),
+               ("fit_top", CHANGED), ("steps", ALWAYS), ("batch", ALWAYS), ("context", ALWAYS), ("lr", ALWAYS),
+               ("head_vocab", ALWAYS), ("examples_per_category", ALWAYS), ("max_examples", CHANGED),
+               ("target_written", CHANGED), ("aux_layers", CHANGED), ("zero_layers", CHANGED),
+               ("share_embeddings", CHANGED), ("backend", CHANGED), ("format", CHANGED), ("verifier", CHANGED),
+               ("seed", ALWAYS), ("out", ALWAYS)),
 }
 
 
