@@ -25,6 +25,7 @@ def test_eval_uses_the_engine_on_held_out_prompts(lm, quick_draft):
     assert len(result.prompts) == 2  # Spec-Bench: never trained on
     data = json.loads(json.dumps(result.to_json()))
     assert data["schema"] == 2 and data["header"]["model"] and data["results"][1]["tau"] == result.results[1].tau
+    assert data["results"][1]["tau_interval"] is None  # two prompts: too few to resample
 
 
 def test_eval_cli_writes_json(tmp_path, quick_draft):
@@ -54,3 +55,28 @@ def test_eval_samples_through_a_min_p_as_the_chat_does(lm, quick_draft, monkeypa
     assert chat.results[0].tokens == plain.results[0].tokens and chat.results[0].tau == plain.results[0].tau
     with pytest.raises(MlxspecError, match="min-p"):
         eval_draft(dataclasses.replace(options, min_p=1.5))
+
+
+def test_intervals_resample_prompts_not_steps():
+    """tau and the first draft's rate are ratios over all steps; their intervals resample whole
+    prompts, so prompts that disagree widen them however many steps each has, and under five
+    prompts there is none."""
+    from types import SimpleNamespace
+
+    from mlxspec.measure.evaldraft import prompt_intervals
+
+    def run(accepted, drafted):
+        return SimpleNamespace(accepted=accepted, drafted=drafted)
+
+    # Ten prompts of 50 steps: half keep every draft of 3, half keep none; zero-draft steps count
+    # in tau (as in method_stats) and not in the first draft's rate.
+    runs = [run([3] * 50 + [0], [3] * 50 + [0]) if i % 2 else run([0] * 50, [3] * 50) for i in range(10)]
+    tau, first = prompt_intervals(runs)
+    assert tau.value == pytest.approx(150 * 5 / 505) and first.value == pytest.approx(0.5)
+    assert first.clusters == 10 and first.n == 500 and tau.n == 505
+    assert tau.lo < tau.value < tau.hi and first.lo < 0.5 < first.hi
+    assert first.hi - first.lo > 0.3  # 10 prompts split 5 / 5: wide, though 500 steps
+    same = prompt_intervals([run([1, 0] * 25, [3] * 50) for _ in range(10)])[1]
+    assert same.value == 0.5 and same.lo == same.hi == 0.5  # prompts that agree: no spread
+    few = prompt_intervals(runs[:4])[0]
+    assert few.value is not None and few.lo is None

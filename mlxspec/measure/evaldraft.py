@@ -2,7 +2,9 @@
 
 For each temperature and K: mean accepted drafts per verification step (tau) and the
 acceptance rate of each draft position, on held-out prompts (Spec-Bench, which draft
-training never sees), plus the draft's and the target pass's time per step.
+training never sees), plus the draft's and the target pass's time per step. tau and the
+first draft's acceptance carry 95% intervals that resample whole prompts (a prompt's steps
+are not independent), so two drafts' numbers can be told apart or not.
 
 ``eval_draft`` takes an ``EvalOptions`` record; the result is an ``EvalResult`` record, its
 ``to_json()`` the JSON (schema 2, see ``runs``).
@@ -29,6 +31,7 @@ from mlxspec.measure.runs import (
     run_header,
     spec_bench_prompts,
 )
+from mlxspec.measure.study.stats import Estimate, ratio_estimate
 
 EVAL_KS = (3, 5, 8)
 
@@ -47,6 +50,8 @@ class EvalRow:
     verify_ms: float | None
     steps: int
     tokens: int
+    tau_interval: tuple[float, float] | None = None  # 95%, prompts resampled; None under 5 prompts
+    first_interval: tuple[float, float] | None = None  # the same for acceptance[0]
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,23 @@ def _row(lm: Any, drafter: Any, ids: list[list[int]], stop: set[int], temp: floa
         runs.append(engine_run(lm, p, params, o.max_tokens, stop, o.seed + i, drafter, k))
         done(f"T={temp:g} K={k}")
     s = method_stats(runs, k)
-    return EvalRow(temp, k, s.tau, s.acceptance, s.tokens_per_step, s.tps, s.draft_ms, s.verify_ms, s.steps, s.tokens)
+    tau, first = prompt_intervals(runs)
+    return EvalRow(temp, k, s.tau, s.acceptance, s.tokens_per_step, s.tps, s.draft_ms, s.verify_ms, s.steps, s.tokens,
+                   _bounds(tau), _bounds(first))
+
+
+def prompt_intervals(runs: Sequence[Any]) -> tuple[Estimate, Estimate]:
+    """tau (accepted per step) and the first draft's acceptance (steps keeping a draft over
+    steps drafting one) of ``runs``, one run per prompt, with bootstrap intervals over prompts."""
+    steps = [(i, a, d) for i, r in enumerate(runs) for a, d in zip(r.accepted, r.drafted)]
+    tau = ratio_estimate([a for _, a, _ in steps], [1.0] * len(steps), [i for i, _, _ in steps])
+    drafting = [(i, a) for i, a, d in steps if d > 0]
+    first = ratio_estimate([float(a > 0) for _, a in drafting], [1.0] * len(drafting), [i for i, _ in drafting])
+    return tau, first
+
+
+def _bounds(e: Estimate) -> tuple[float, float] | None:
+    return None if e.lo is None else (e.lo, e.hi)
 
 
 def eval_draft(options: EvalOptions, progress: Callable[[int, int, str], None] | None = None) -> EvalResult:
@@ -123,14 +144,21 @@ def tau_at(result: EvalResult, temp: float, k: int) -> float | None:
     return next((r.tau for r in result.results if r.temp == temp and r.k == k), None)
 
 
+def _cell(value: float | None, interval: tuple[float, float] | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" + ("" if interval is None else f" [{interval[0]:.2f}, {interval[1]:.2f}]")
+
+
 def print_eval(result: EvalResult, console) -> None:
     filtered = f", min-p {result.min_p:g} at T > 0" if result.min_p else ""
     table = Table(title=f"draft {result.draft}: acceptance on {len(result.prompts)} held-out prompts{filtered}")
-    for col in ("T", "K", "tau", "acceptance by position", "draft ms/step", "verify ms/step", "tok/s"):
+    for col in ("T", "K", "tau [95%]", "first draft [95%]", "acceptance by position", "draft ms/step",
+                "verify ms/step", "tok/s"):
         table.add_column(col, justify="right")
     for r in result.results:
-        table.add_row(f"{r.temp:g}", str(r.k), f"{r.tau:.2f}", fmt_list(r.acceptance), f"{r.draft_ms:.1f}",
-                      f"{r.verify_ms:.1f}", f"{r.tps:.1f}")
+        table.add_row(f"{r.temp:g}", str(r.k), _cell(r.tau, r.tau_interval), _cell(r.acceptance[0], r.first_interval),
+                      fmt_list(r.acceptance), f"{r.draft_ms:.1f}", f"{r.verify_ms:.1f}", f"{r.tps:.1f}")
     console.print(table)
     if result.note:
         console.print(f"[yellow]{result.note}[/]")
