@@ -80,3 +80,18 @@ def test_intervals_resample_prompts_not_steps():
     assert same.value == 0.5 and same.lo == same.hi == 0.5  # prompts that agree: no spread
     few = prompt_intervals(runs[:4])[0]
     assert few.value is not None and few.lo is None
+
+
+def test_the_table_shows_each_interval_beside_its_value_in_80_columns():
+    from rich.console import Console
+
+    from mlxspec.measure.evaldraft import EvalResult, EvalRow, print_eval
+
+    row = EvalRow(1.0, 5, 0.51, [0.33, 0.12, 0.05, 0.01, 0.01], 1.51, 41.2, 1.4, 244.9, 1500, 2304,
+                  (0.42, 0.6), (0.29, 0.37))
+    few = dataclasses.replace(row, temp=0.0, tau_interval=None, first_interval=None)
+    console = Console(width=80, record=True)
+    print_eval(EvalResult(None, "HEAD", ["p"] * 24, 96, None, [row, few]), console)
+    text = console.export_text()
+    assert "0.51 (.42-.60)" in text and "0.33 (.29-.37)" in text and "1.4 / 244.9" in text
+    assert max(len(line) for line in text.splitlines()) <= 80

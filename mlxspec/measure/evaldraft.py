@@ -147,18 +147,23 @@ def tau_at(result: EvalResult, temp: float, k: int) -> float | None:
 def _cell(value: float | None, interval: tuple[float, float] | None) -> str:
     if value is None:
         return "-"
-    return f"{value:.2f}" + ("" if interval is None else f" [{interval[0]:.2f}, {interval[1]:.2f}]")
+    if interval is None:
+        return f"{value:.2f}"
+    lo, hi = (f"{x:.2f}".removeprefix("0") for x in interval)
+    return f"{value:.2f} ({lo}-{hi})"
 
 
 def print_eval(result: EvalResult, console) -> None:
     filtered = f", min-p {result.min_p:g} at T > 0" if result.min_p else ""
-    table = Table(title=f"draft {result.draft}: acceptance on {len(result.prompts)} held-out prompts{filtered}")
-    for col in ("T", "K", "tau [95%]", "first draft [95%]", "acceptance by position", "draft ms/step",
-                "verify ms/step", "tok/s"):
-        table.add_column(col, justify="right")
+    table = Table(title=f"draft {result.draft}: acceptance on {len(result.prompts)} held-out prompts{filtered}",
+                  caption="tau: accepted drafts per step. (95% interval, resampling prompts)")
+    for col in ("T", "K", "tau", "1st draft", "acceptance by position", "ms draft / verify", "tok/s"):
+        # a value and its interval stay on one line; the positions may wrap, not their header's words
+        table.add_column(col, justify="right", no_wrap=col in ("tau", "1st draft"),
+                         min_width=10 if "position" in col else None)
     for r in result.results:
         table.add_row(f"{r.temp:g}", str(r.k), _cell(r.tau, r.tau_interval), _cell(r.acceptance[0], r.first_interval),
-                      fmt_list(r.acceptance), f"{r.draft_ms:.1f}", f"{r.verify_ms:.1f}", f"{r.tps:.1f}")
+                      fmt_list(r.acceptance), f"{r.draft_ms:.1f} / {r.verify_ms:.1f}", f"{r.tps:.1f}")
     console.print(table)
     if result.note:
         console.print(f"[yellow]{result.note}[/]")
