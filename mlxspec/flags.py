@@ -352,7 +352,7 @@ TRAIN = FlagGroup((
     ("arch", str, typer.Option("draft", "--arch", help="draft (llama blocks on the target's embeddings), eagle (one block reading the target's hidden states; see --examples-per-category) or eagle3 (an EAGLE-3 head on three of the target's layers, written in the published format vLLM and SGLang load; no feature regression).")),
     ("examples_per_category", int, typer.Option(300, help="eagle: corpus examples per category (11 categories; see mlxspec/training/SOURCES.md).")),
     ("max_examples", Optional[int], typer.Option(None, help="eagle: use only the first N corpus examples (categories interleaved).")),
-    ("target_written", int, typer.Option(0, help="eagle: also train on the target's own answers (half greedy, half T=1) to the first N corpus prompts: the text it drafts along. Generated once and cached; fastest with --backend torch.")),
+    ("target_written", int, typer.Option(0, help="eagle: also train on the target's own answers (half greedy, half T=1) to the first N corpus prompts: the text it drafts along. Past the corpus's size, a second answer to each prompt in the other regime (up to twice the prompts). Generated once and cached; fastest with --backend torch.")),
     ("feature_weight", float, typer.Option(0.5, help="eagle: weight of the feature regression beside the token loss.")),
     ("context", int, typer.Option(192, help="eagle: slots per training window.")),
     ("backend", str, typer.Option("mlx", "--backend", help="eagle, eagle3: where the target's features are built and the head trains: mlx, or torch (the same weights on PyTorch, needs the torch extra; on this CPU features 6-8x and training ~2.5x faster). The head is saved in MLX's format either way.")),

@@ -433,12 +433,13 @@ def test_cli_bad_heads_and_arch_are_one_line_errors(quick_eagle, tmp_path):
     assert r.exit_code == 2 and r.output.count("error:") == 1 and "cannot read head.safetensors" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--arch", "medusa", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "unknown --arch 'medusa'" in r.output
-    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle", "--quick", "--target-written", "500",
+    r = CliRunner().invoke(app, ["train-draft", "--arch", "eagle", "--quick", "--target-written", "1000",
                                  "--out", str(tmp_path / "y")])
     # --quick takes 2 examples a category; how many prompts that makes depends on the sources present
     prompts = len(corpus_examples(2, 0)[0])
-    assert 0 < prompts < 500
+    assert 0 < 2 * prompts < 1000  # each prompt can be answered twice
     assert r.exit_code == 2 and r.output.count("error:") == 1 and f"the corpus has {prompts} prompts" in r.output
+    assert "answered at most twice" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--target-written", "5", "--out", str(tmp_path / "z")])
     assert r.exit_code == 2 and "--target-written is for --arch eagle" in r.output
 
@@ -498,3 +499,40 @@ def test_gathered_shards_equal_the_shards_concatenated(tmp_path):
     assert FeatureSet.gather([*paths, untapped], {}).aux is None
     with pytest.raises(MlxspecError, match="not a feature set"):
         FeatureSet.gather([tmp_path / "missing.npz"], {})
+
+
+def test_target_written_past_the_corpus_answers_its_first_prompts_again(monkeypatch):
+    """--target-written N > the corpus's P prompts: every prompt answered once, then the first
+    N - P again in the other regime; progress counts the N answers as one task."""
+    from types import SimpleNamespace
+
+    from mlxspec.training import eagle_train
+
+    class Stop(Exception):
+        pass
+
+    examples = [f"prompt {i}" for i in range(5)]
+    calls, seen = [], []
+    monkeypatch.setattr(eagle_train, "corpus_examples", lambda per_category, seed: (examples, {}))
+    monkeypatch.setattr(eagle_train, "build_shards", lambda target, rows, *a, **k: [])
+    monkeypatch.setattr(eagle_train, "set_meta", lambda *a: {"key": "k"})
+
+    def answers(target, part, cache, progress, flipped, **kw):
+        calls.append((list(part), flipped))
+        if progress:
+            progress(len(part), len(part))
+        return [f"answer to {p}" for p in part]
+
+    monkeypatch.setattr(eagle_train, "written_examples", answers)
+    monkeypatch.setattr(eagle_train.FeatureSet, "gather", lambda paths, meta: (_ for _ in ()).throw(Stop()))
+    progress = lambda what, i, n: seen.append((what, i, n))  # noqa: E731
+    with pytest.raises(Stop):
+        eagle_train.prepare_features(SimpleNamespace(name="t"), 1, None, 0, 64, target_written=7, progress=progress)
+    assert calls == [(examples, False), (examples[:2], True)]
+    assert [x for x in seen if x[0] == "target answers"] == [("target answers", 5, 7), ("target answers", 7, 7)]
+    calls.clear()
+    with pytest.raises(Stop):
+        eagle_train.prepare_features(SimpleNamespace(name="t"), 1, None, 0, 64, target_written=3)
+    assert calls == [(examples[:3], False)]  # within the corpus: no second answers
+    with pytest.raises(MlxspecError, match="answered at most twice"):
+        eagle_train.prepare_features(SimpleNamespace(name="t"), 1, None, 0, 64, target_written=11)

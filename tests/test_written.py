@@ -91,3 +91,20 @@ def test_answers_are_cached_and_a_build_resumes(tmp_path, monkeypatch):
     assert calls == [1, 1]  # only the missing shard's two prompts (one greedy, one sampled)
     other = written.written_examples(target, EXAMPLES[:2], tmp_path, max_new=9)  # another length: not reused
     assert calls == [1, 1, 1, 1] and len(other) == 2
+
+
+def test_second_answers_take_the_other_regime_in_shards_of_their_own(tmp_path):
+    """Flipped, odd rows are greedy and even rows sampled, so with the first answers every prompt
+    has one of each; the two never share a cached shard, and the first keep their old keys."""
+    target = tiny("torch")
+    first = written.written_examples(target, EXAMPLES, tmp_path, max_new=10, max_prompt=6)
+    shards = set(tmp_path.glob("*.jsonl"))
+    second = written.written_examples(target, EXAMPLES, tmp_path, max_new=10, max_prompt=6, flipped=True)
+    assert len(set(tmp_path.glob("*.jsonl")) - shards) == len(shards) == 1
+    assert [w.source for w in second] == ["target-T1", "target-greedy"] * 3
+    assert [w.source for w in first] == ["target-greedy", "target-T1"] * 3
+    tok = target.tokenizer
+    for e, w in list(zip(EXAMPLES, second))[1::2]:
+        assert tok.encode(w.response) == greedy(target.mlx, tok.encode(e.prompt)[-6:], 10)
+    key = written.shard_key("tiny", EXAMPLES, 10, 0, 6)
+    assert (tmp_path / f"{key}.jsonl") in shards and key != written.shard_key("tiny", EXAMPLES, 10, 0, 6, flipped=True)

@@ -339,14 +339,15 @@ def prepare_features(target, per_category: int, max_examples: int | None, seed: 
                      taps: tuple[int, ...] = ()) -> FeatureSet:
     """Teacher-forced target features over the corpus (the first ``max_examples`` of it, when
     given, categories still balanced) and over the target's own answers to the first
-    ``target_written`` of its prompts (``written.py``), cached in ``$MLXSPEC_HOME/eagle-data``;
+    ``target_written`` of its prompts (``written.py``; past the corpus's size, second answers to
+    its first prompts, in the other regime), cached in ``$MLXSPEC_HOME/eagle-data``;
     with ``taps``, also the states entering those blocks (an EAGLE-3 head's input)."""
     if per_category < 1 or (max_examples is not None and max_examples < 1) or target_written < 0:
         raise MlxspecError("--examples-per-category and --max-examples must be >= 1, --target-written >= 0")
     examples, _ = corpus_examples(per_category, seed)
-    if target_written > len(examples):
+    if target_written > 2 * len(examples):
         raise MlxspecError(f"--target-written {target_written}: the corpus has {len(examples)} prompts "
-                           f"at --examples-per-category {per_category}")
+                           f"at --examples-per-category {per_category}, each answered at most twice")
     cache = store.home() / "eagle-data"
     report = (lambda i, n: progress("features", i, n)) if progress else None
     if not target_written:
@@ -354,9 +355,13 @@ def prepare_features(target, per_category: int, max_examples: int | None, seed: 
     t0 = time.perf_counter()
     corpus = examples[:max_examples]
     paths = build_shards(target, corpus, cache, max_tokens=max_tokens, progress=report, taps=taps)
-    report = (lambda i, n: progress("target answers", i, n)) if progress else None
-    answers = written_examples(target, examples[:target_written], cache / "written", max_new=max_tokens // 2,
-                               seed=seed, max_prompt=max_tokens // 2, progress=report)
+    answers, done = [], 0
+    second = examples[: max(0, target_written - len(examples))]  # answered again, in the other regime
+    for flipped, part in ((False, examples[:target_written]), (True, second)):
+        report = (lambda i, n, base=done: progress("target answers", base + i, target_written)) if progress else None
+        answers += written_examples(target, part, cache / "written", max_new=max_tokens // 2, seed=seed,
+                                    max_prompt=max_tokens // 2, progress=report, flipped=flipped) if part else []
+        done += len(part)
     # Built as a set of its own, so its shards do not depend on how many corpus examples precede it;
     # the two are read into one set at once (``FeatureSet.gather``: no second copy of either).
     report = (lambda i, n: progress("features of the target's answers", i, n)) if progress else None
