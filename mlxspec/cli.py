@@ -373,6 +373,7 @@ def eval_draft(
     ks: str = typer.Option("3,5,8", "--k", "-k", help="Draft lengths to evaluate (list or range)."),
     temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures (repeat the option)."),
     min_p: float = typer.Option(0.0, "--min-p", help="At T > 0 keep the tokens of at least min-p x the top probability (target and draft): -t 1 --min-p 0.1 is the chat's sampling."),
+    against: Optional[str] = typer.Option(None, "--against", help="A second draft on the same prompts and seeds: the differences, paired, with intervals that cancel what each prompt does."),
     per_category: int = typer.Option(1, help="Held-out Spec-Bench prompts per category."),
     categories: Optional[list[str]] = typer.Option(None, "--category", help="Spec-Bench categories (repeatable; default all six)."),
     max_tokens: int = typer.Option(48, "--max-tokens", "-n", help="New tokens per prompt."),
@@ -386,7 +387,7 @@ def eval_draft(
     from mlxspec.measure.sweep import parse_ks
 
     check_max_tokens(max_tokens)
-    options = ev.EvalOptions(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype, min_p)
+    options = ev.EvalOptions(model, draft, parse_ks(ks), tuple(temps), per_category, max_tokens, categories, seed, dtype, min_p, against)
     with progress_bar("eval") as progress:
         result = ev.eval_draft(options, progress)
     output.emit(result.to_json(), lambda console: ev.print_eval(result, console))

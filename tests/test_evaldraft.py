@@ -63,7 +63,7 @@ def test_intervals_resample_prompts_not_steps():
     prompts there is none."""
     from types import SimpleNamespace
 
-    from mlxspec.measure.evaldraft import prompt_intervals
+    from mlxspec.measure.evaldraft import prompt_intervals, tally
 
     def run(accepted, drafted):
         return SimpleNamespace(accepted=accepted, drafted=drafted)
@@ -71,14 +71,14 @@ def test_intervals_resample_prompts_not_steps():
     # Ten prompts of 50 steps: half keep every draft of 3, half keep none; zero-draft steps count
     # in tau (as in method_stats) and not in the first draft's rate.
     runs = [run([3] * 50 + [0], [3] * 50 + [0]) if i % 2 else run([0] * 50, [3] * 50) for i in range(10)]
-    tau, first = prompt_intervals(runs)
+    tau, first = prompt_intervals([tally(r) for r in runs])
     assert tau.value == pytest.approx(150 * 5 / 505) and first.value == pytest.approx(0.5)
-    assert first.clusters == 10 and first.n == 500 and tau.n == 505
+    assert first.clusters == 10 == tau.clusters
     assert tau.lo < tau.value < tau.hi and first.lo < 0.5 < first.hi
     assert first.hi - first.lo > 0.3  # 10 prompts split 5 / 5: wide, though 500 steps
-    same = prompt_intervals([run([1, 0] * 25, [3] * 50) for _ in range(10)])[1]
+    same = prompt_intervals([tally(run([1, 0] * 25, [3] * 50)) for _ in range(10)])[1]
     assert same.value == 0.5 and same.lo == same.hi == 0.5  # prompts that agree: no spread
-    few = prompt_intervals(runs[:4])[0]
+    few = prompt_intervals([tally(r) for r in runs[:4]])[0]
     assert few.value is not None and few.lo is None
 
 
@@ -95,3 +95,35 @@ def test_the_table_shows_each_interval_beside_its_value_in_80_columns():
     text = console.export_text()
     assert "0.51 (.42-.60)" in text and "0.33 (.29-.37)" in text and "1.4 / 244.9" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+    from mlxspec.measure.evaldraft import PairedRow
+    from mlxspec.measure.study.stats import Estimate
+
+    paired = PairedRow(1.0, 5, Estimate(0.04, -0.03, 0.11, 24, 24), Estimate(-0.01, -0.02, 0.0, 24, 24))
+    console = Console(width=80, record=True)
+    print_eval(EvalResult(None, "HEAD", ["p"] * 24, 96, None, [row], against="OTHER", against_results=[row],
+                          paired=[paired]), console)
+    text = console.export_text()
+    assert "HEAD minus OTHER" in text and "+0.04 (-0.03, +0.11)" in text and "-0.01 (-0.02, +0.00)" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_against_pairs_two_drafts_on_the_same_prompts_and_seeds(lm, quick_draft):
+    """A draft against itself at T = 1 differs by exactly 0 on every resample (same prompts, same
+    seeds, same runs) though its own interval is wide; against another draft the paired
+    difference is the difference of the two rows."""
+    out, _ = quick_draft
+    options = EvalOptions(lm, str(out), ks=(2,), temps=(1.0,), per_category=1, max_tokens=8, against=str(out))
+    self_ = eval_draft(options)
+    (a,), (b,), (d,) = self_.results, self_.against_results, self_.paired
+    assert len(self_.prompts) >= 5 and a.per_prompt == b.per_prompt and a.tau_interval[1] > a.tau_interval[0]
+    assert d.tau.value == 0 and d.tau.lo == d.tau.hi == 0 and d.first.lo == d.first.hi == 0
+    other = eval_draft(dataclasses.replace(options, against="ngram:3"))
+    (a,), (b,), (d,) = other.results, other.against_results, other.paired
+    assert d.tau.value == pytest.approx(a.tau - b.tau) and d.first.value == pytest.approx(a.acceptance[0] - b.acceptance[0])
+    assert d.tau.lo <= d.tau.value <= d.tau.hi
+    data = json.loads(json.dumps(other.to_json()))
+    assert data["against"] == "ngram:3" and data["paired"][0]["tau"]["value"] == pytest.approx(d.tau.value)
+    assert data["results"][0]["per_prompt"][0]["steps"] > 0
+    with pytest.raises(MlxspecError, match="--against needs a drafter"):
+        eval_draft(dataclasses.replace(options, against="none"))

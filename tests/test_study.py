@@ -371,3 +371,24 @@ def test_cli_quick_study_runs_resumes_and_reports(tmp_path):
     again = invoke("study", "--quick", "--log", str(log), "--json")  # everything is in the log: nothing runs
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["ran"] == 0 and json.loads(again.stdout)["domains"] == data["domains"]
+
+
+def test_a_paired_difference_cancels_what_the_pairs_share():
+    """Two drafts on 30 prompts whose difficulty varies far more than the drafts differ (b keeps
+    0.03 fewer of its drafts on every prompt): unpaired intervals overlap, the paired one is
+    narrow, excludes 0 and covers the planted -0.03; with fewer than 5 pairs, no interval."""
+    from mlxspec.measure.study import stats
+
+    rng = np.random.default_rng(0)
+    ease = rng.uniform(0.1, 0.8, 30)
+    steps = rng.integers(40, 80, 30).astype(float)
+    a_kept, b_kept = steps * ease, steps * (ease - 0.03)
+    a = stats.ratio_estimate(a_kept, steps, range(30))
+    b = stats.ratio_estimate(b_kept, steps, range(30))
+    assert a.lo < b.hi  # told apart they are not
+    d = stats.paired_ratio_difference(b_kept, steps, a_kept, steps)
+    assert d.value == pytest.approx(-0.03) and d.lo == pytest.approx(-0.03) and d.hi == pytest.approx(-0.03)
+    noisy = stats.paired_ratio_difference(b_kept + rng.normal(0, 2, 30), steps, a_kept, steps)
+    assert noisy.lo < -0.03 < noisy.hi < 0 and noisy.hi - noisy.lo < (a.hi - a.lo) / 3
+    few = stats.paired_ratio_difference(b_kept[:4], steps[:4], a_kept[:4], steps[:4])
+    assert few.value == pytest.approx(-0.03) and few.lo is None and few.clusters == 4

@@ -4,7 +4,9 @@ For each temperature and K: mean accepted drafts per verification step (tau) and
 acceptance rate of each draft position, on held-out prompts (Spec-Bench, which draft
 training never sees), plus the draft's and the target pass's time per step. tau and the
 first draft's acceptance carry 95% intervals that resample whole prompts (a prompt's steps
-are not independent), so two drafts' numbers can be told apart or not.
+are not independent). Prompts differ far more than drafts do, so two drafts are compared
+paired (``--against``: the same prompts and seeds, the bootstrap resampling prompts for both
+at once), which cancels what a prompt does to either.
 
 ``eval_draft`` takes an ``EvalOptions`` record; the result is an ``EvalResult`` record, its
 ``to_json()`` the JSON (schema 2, see ``runs``).
@@ -13,7 +15,7 @@ are not independent), so two drafts' numbers can be told apart or not.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.table import Table
@@ -31,9 +33,26 @@ from mlxspec.measure.runs import (
     run_header,
     spec_bench_prompts,
 )
-from mlxspec.measure.study.stats import Estimate, ratio_estimate
+from mlxspec.measure.study.stats import Estimate, paired_ratio_difference, ratio_estimate
+from mlxspec.targets.drafts import make_drafter
 
 EVAL_KS = (3, 5, 8)
+
+
+@dataclass(frozen=True)
+class PromptTally:
+    """One prompt's verify steps: how many, their accepted drafts, how many drafted at all and
+    how many of those kept the first draft."""
+
+    steps: int
+    accepted: int
+    drafting: int
+    kept_first: int
+
+
+def tally(run: Any) -> PromptTally:
+    drafting = [a for a, d in zip(run.accepted, run.drafted) if d > 0]
+    return PromptTally(len(run.accepted), sum(run.accepted), len(drafting), sum(a > 0 for a in drafting))
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,17 @@ class EvalRow:
     tokens: int
     tau_interval: tuple[float, float] | None = None  # 95%, prompts resampled; None under 5 prompts
     first_interval: tuple[float, float] | None = None  # the same for acceptance[0]
+    per_prompt: list[PromptTally] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PairedRow:
+    """The draft minus ``--against`` at one (temperature, K), over the same prompts and seeds."""
+
+    temp: float
+    k: int
+    tau: Estimate
+    first: Estimate
 
 
 @dataclass(frozen=True)
@@ -63,11 +93,16 @@ class EvalResult:
     note: str | None
     results: list[EvalRow]
     min_p: float = 0.0  # the filter every T > 0 row sampled through
+    against: str | None = None
+    against_results: list[EvalRow] = field(default_factory=list)
+    paired: list[PairedRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "header": self.header.to_json(), "draft": self.draft, "prompts": list(self.prompts),
                 "max_tokens": self.max_tokens, "note": self.note, "min_p": self.min_p,
-                "results": [asdict(r) for r in self.results]}
+                "results": [asdict(r) for r in self.results], "against": self.against,
+                "against_results": [asdict(r) for r in self.against_results],
+                "paired": [asdict(r) for r in self.paired]}
 
 
 @dataclass(frozen=True)
@@ -87,6 +122,7 @@ class EvalOptions:
     seed: int = 0
     dtype: str = "auto"
     min_p: float = 0.0  # at T > 0, as the chat samples (-t 1 --min-p 0.1); q is drawn through it too
+    against: str | None = None  # a second draft, measured on the same prompts and seeds
 
 
 def _row(lm: Any, drafter: Any, ids: list[list[int]], stop: set[int], temp: float, k: int, o: EvalOptions,
@@ -98,19 +134,28 @@ def _row(lm: Any, drafter: Any, ids: list[list[int]], stop: set[int], temp: floa
         runs.append(engine_run(lm, p, params, o.max_tokens, stop, o.seed + i, drafter, k))
         done(f"T={temp:g} K={k}")
     s = method_stats(runs, k)
-    tau, first = prompt_intervals(runs)
+    tallies = [tally(r) for r in runs]
+    tau, first = prompt_intervals(tallies)
     return EvalRow(temp, k, s.tau, s.acceptance, s.tokens_per_step, s.tps, s.draft_ms, s.verify_ms, s.steps, s.tokens,
-                   _bounds(tau), _bounds(first))
+                   _bounds(tau), _bounds(first), tallies)
 
 
-def prompt_intervals(runs: Sequence[Any]) -> tuple[Estimate, Estimate]:
+def prompt_intervals(tallies: Sequence[PromptTally]) -> tuple[Estimate, Estimate]:
     """tau (accepted per step) and the first draft's acceptance (steps keeping a draft over
-    steps drafting one) of ``runs``, one run per prompt, with bootstrap intervals over prompts."""
-    steps = [(i, a, d) for i, r in enumerate(runs) for a, d in zip(r.accepted, r.drafted)]
-    tau = ratio_estimate([a for _, a, _ in steps], [1.0] * len(steps), [i for i, _, _ in steps])
-    drafting = [(i, a) for i, a, d in steps if d > 0]
-    first = ratio_estimate([float(a > 0) for _, a in drafting], [1.0] * len(drafting), [i for i, _ in drafting])
-    return tau, first
+    steps drafting one) over the prompts' tallies, with bootstrap intervals over prompts."""
+    prompts = range(len(tallies))
+    return (ratio_estimate([t.accepted for t in tallies], [t.steps for t in tallies], prompts),
+            ratio_estimate([t.kept_first for t in tallies], [t.drafting for t in tallies], prompts))
+
+
+def paired_row(a: EvalRow, b: EvalRow) -> PairedRow:
+    """``a`` minus ``b``, measured on the same prompts in the same order and seeds."""
+    x, y = a.per_prompt, b.per_prompt
+    tau = paired_ratio_difference([t.accepted for t in x], [t.steps for t in x], [t.accepted for t in y],
+                                  [t.steps for t in y])
+    first = paired_ratio_difference([t.kept_first for t in x], [t.drafting for t in x], [t.kept_first for t in y],
+                                    [t.drafting for t in y])
+    return PairedRow(a.temp, a.k, tau, first)
 
 
 def _bounds(e: Estimate) -> tuple[float, float] | None:
@@ -128,7 +173,10 @@ def eval_draft(options: EvalOptions, progress: Callable[[int, int, str], None] |
     items, note = spec_bench_prompts(list(o.categories) if o.categories else None, o.per_category)
     lm, drafter, stop, ids = prepare_speculative_run(
         o.model, o.draft, o.dtype, items, o.max_tokens, no_drafter="eval-draft needs a drafter, got 'none'")
-    total, count = len(o.ks) * len(o.temps) * len(ids), 0
+    other = make_drafter(o.against, lm, lm.dtype) if o.against else None
+    if o.against and other is None:
+        raise MlxspecError("eval-draft --against needs a drafter, got 'none'")
+    total, count = (2 if other else 1) * len(o.ks) * len(o.temps) * len(ids), 0
 
     def done(label: str) -> None:
         nonlocal count
@@ -137,7 +185,9 @@ def eval_draft(options: EvalOptions, progress: Callable[[int, int, str], None] |
             progress(count, total, label)
 
     results = [_row(lm, drafter, ids, stop, temp, k, o, done) for temp in o.temps for k in o.ks]
-    return EvalResult(run_header(lm), o.draft, [it["id"] for it in items], o.max_tokens, note, results, o.min_p)
+    against = [_row(lm, other, ids, stop, temp, k, o, done) for temp in o.temps for k in o.ks] if other else []
+    return EvalResult(run_header(lm), o.draft, [it["id"] for it in items], o.max_tokens, note, results, o.min_p,
+                      o.against, against, [paired_row(a, b) for a, b in zip(results, against)])
 
 
 def tau_at(result: EvalResult, temp: float, k: int) -> float | None:
@@ -153,6 +203,24 @@ def _cell(value: float | None, interval: tuple[float, float] | None) -> str:
     return f"{value:.2f} ({lo}-{hi})"
 
 
+def _difference(e: Estimate) -> str:
+    if e.value is None:
+        return "-"
+    return f"{e.value:+.2f}" + ("" if e.lo is None else f" ({e.lo:+.2f}, {e.hi:+.2f})")
+
+
+def _print_paired(result: EvalResult, console) -> None:
+    table = Table(title=f"{result.draft} minus {result.against}, paired over the same prompts and seeds",
+                  caption="(95% interval, resampling prompts for both): one that excludes 0 is a difference")
+    for col in ("T", "K", "", result.draft, result.against, "difference"):
+        table.add_column(col, justify="right", no_wrap=col == "difference", overflow="fold")
+    for a, b, d in zip(result.results, result.against_results, result.paired):
+        table.add_row(f"{a.temp:g}", str(a.k), "tau", _cell(a.tau, None), _cell(b.tau, None), _difference(d.tau))
+        table.add_row("", "", "1st draft", _cell(a.acceptance[0], None), _cell(b.acceptance[0], None),
+                      _difference(d.first), end_section=True)
+    console.print(table)
+
+
 def print_eval(result: EvalResult, console) -> None:
     filtered = f", min-p {result.min_p:g} at T > 0" if result.min_p else ""
     table = Table(title=f"draft {result.draft}: acceptance on {len(result.prompts)} held-out prompts{filtered}",
@@ -165,5 +233,7 @@ def print_eval(result: EvalResult, console) -> None:
         table.add_row(f"{r.temp:g}", str(r.k), _cell(r.tau, r.tau_interval), _cell(r.acceptance[0], r.first_interval),
                       fmt_list(r.acceptance), f"{r.draft_ms:.1f} / {r.verify_ms:.1f}", f"{r.tps:.1f}")
     console.print(table)
+    if result.paired:
+        _print_paired(result, console)
     if result.note:
         console.print(f"[yellow]{result.note}[/]")

@@ -128,3 +128,22 @@ def ratio_estimate(num: Sequence[float], den: Sequence[float], clusters: Sequenc
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _interval((w @ num) / (w @ den), level)
     return Estimate(value, lo, hi, len(num), k)
+
+
+def paired_ratio_difference(num_a: Sequence[float], den_a: Sequence[float], num_b: Sequence[float],
+                            den_b: Sequence[float], resamples: int = RESAMPLES, seed: int = 0,
+                            level: float = LEVEL) -> Estimate:
+    """sum(num_a) / sum(den_a) - sum(num_b) / sum(den_b) over paired observations (index i of
+    both arrays: one prompt measured both ways), with a bootstrap interval that resamples the
+    pairs, so what the pairs share (the prompt's difficulty) cancels; none under ``MIN_CLUSTERS``."""
+    a, da, b, db = (np.asarray(x, dtype=np.float64) for x in (num_a, den_a, num_b, den_b))
+    n = len(a)
+    if da.sum() <= 0 or db.sum() <= 0:
+        return Estimate(None, n=n, clusters=n)
+    value = float(a.sum() / da.sum() - b.sum() / db.sum())
+    if n < MIN_CLUSTERS:
+        return Estimate(value, n=n, clusters=n)
+    w, _ = _cluster_weights(range(n), np.random.default_rng(seed), resamples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _interval((w @ a) / (w @ da) - (w @ b) / (w @ db), level)
+    return Estimate(value, lo, hi, n, n)
