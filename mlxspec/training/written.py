@@ -4,10 +4,10 @@ A head drafts along text the target writes, but the corpus's responses are writt
 along them the target's features come from prefixes it would not have produced. Teacher
 forcing over the target's own answers (half greedy, half sampled at T = 1, the two regimes a
 user decodes in) gives the head the features it meets when drafting. A second answer to each
-prompt (``flipped``) takes the other regime, so twice as many answers never repeat one. Answers are generated in
-batches (on torch: ~230 tokens/s here, against ~40 for mlx-lm's batched generation on MLX's CPU
-backend) and cached in shards keyed by their prompts, so a build resumes and a larger set
-reuses a smaller one's answers.
+prompt (``flipped``) takes the other regime, so twice as many answers never repeat one.
+Answers are generated in batches (on torch: ~230 tokens/s here, against ~40 for mlx-lm's
+batched generation on MLX's CPU backend) and cached in shards keyed by their prompts, so a
+build resumes and a larger set reuses a smaller one's answers.
 """
 
 from __future__ import annotations
