@@ -373,7 +373,7 @@ def eval_draft(
     ks: str = typer.Option("3,5,8", "--k", "-k", help="Draft lengths to evaluate (list or range)."),
     temps: list[float] = typer.Option([0.0, 1.0], "--temp", "-t", help="Temperatures (repeat the option)."),
     min_p: float = typer.Option(0.0, "--min-p", help="At T > 0 keep the tokens of at least min-p x the top probability (target and draft): -t 1 --min-p 0.1 is the chat's sampling."),
-    against: Optional[str] = typer.Option(None, "--against", help="A second draft on the same prompts and seeds: the differences, paired, with intervals that cancel what each prompt does."),
+    against: Optional[str] = typer.Option(None, "--against", help="A second draft on the same prompts and seeds: the differences, paired over prompts (narrower intervals than two runs apart, most of all greedy)."),
     per_category: int = typer.Option(1, help="Held-out Spec-Bench prompts per category."),
     categories: Optional[list[str]] = typer.Option(None, "--category", help="Spec-Bench categories (repeatable; default all six)."),
     max_tokens: int = typer.Option(48, "--max-tokens", "-n", help="New tokens per prompt."),
