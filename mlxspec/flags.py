@@ -333,7 +333,9 @@ TRAIN = FlagGroup((
     ("grpo_reward", str, typer.Option("auto", help="GRPO reward: greedy, sampling, or auto (greedy for eal, sampling otherwise).")),
     ("layers", int, typer.Option(2, help="Draft blocks (1-4).")),
     ("hidden", Optional[int], typer.Option(None, help="Draft hidden size (default: the target's; another size needs --init random).")),
-    ("head_vocab", int, typer.Option(8192, help="Rows of the reduced-vocabulary head (most frequent tokens of the data).")),
+    ("head_vocab", int, typer.Option(8192, help=("Rows of the reduced-vocabulary head (most frequent tokens of the data). For the eagle "
+                                         "head 16384 tied 8192 held out at T=1 and lost at the chat's sampling "
+                                         "(benchmarks/notes/2026-12-06-head-vocabulary.md)."))),
     ("init", str, typer.Option("target", help="target (copy the target's first blocks, norm and head rows) or random.")),
     ("window", int, typer.Option(5, "--window", help="Window K of draft positions the objective covers.")),
     ("temp", float, typer.Option(1.0, "--temp", "-t", help="Temperature of p and q in kl and wtv.")),
